@@ -1,0 +1,63 @@
+"""postjob_sa: a PostgreSQL job queue and restartable workflow engine for SQLAlchemy.
+
+Jobs live in the ``postjob`` schema (Alembic branch ``postjob``); ``JobQueue(session)``
+enqueues and checks out inside the application's own transaction; workflows spawn child
+jobs and wait for them, re-running from the top when a child finishes.
+"""
+
+from __future__ import annotations
+
+from postjob_sa._migrations import VERSION_LOCATION, downgrade, include_object, migrate
+from postjob_sa.context import (
+    ChildHandle,
+    RunningJob,
+    current_job,
+    current_session,
+    manual,
+    set_workflow_status,
+)
+from postjob_sa.errors import (
+    ChildFailed,
+    InvalidArgument,
+    InvalidJobState,
+    JobNotFound,
+    NonRecoverable,
+    NotInJob,
+    PostjobError,
+    ResultNotJSON,
+    SchemaError,
+)
+from postjob_sa.models import Base, Job, Status, Token, metadata
+from postjob_sa.queue import JobQueue
+from postjob_sa.registry import Registry, Workflow, workflow
+
+__all__ = [
+    "VERSION_LOCATION",
+    "Base",
+    "ChildFailed",
+    "ChildHandle",
+    "InvalidArgument",
+    "InvalidJobState",
+    "Job",
+    "JobNotFound",
+    "JobQueue",
+    "NonRecoverable",
+    "NotInJob",
+    "PostjobError",
+    "Registry",
+    "ResultNotJSON",
+    "RunningJob",
+    "SchemaError",
+    "Status",
+    "Token",
+    "Workflow",
+    "current_job",
+    "current_session",
+    "downgrade",
+    "include_object",
+    "manual",
+    "metadata",
+    "migrate",
+    "set_workflow_status",
+    "workflow",
+]

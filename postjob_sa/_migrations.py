@@ -1,0 +1,131 @@
+"""Applying the package's Alembic revisions, standalone or inside a host project."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from alembic.command import downgrade as _alembic_downgrade
+from alembic.command import upgrade as _alembic_upgrade
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, text
+
+from postjob_sa.errors import SchemaError
+from postjob_sa.models import SCHEMA
+
+ALEMBIC_DIR = Path(__file__).parent / "alembic"
+VERSIONS_DIR = ALEMBIC_DIR / "versions"
+#: Where ``alembic.ini`` of a host project finds our revisions (``version_locations``).
+VERSION_LOCATION = "postjob_sa:alembic/versions"
+#: The version table of standalone migrations (hosts keep their own alembic_version).
+VERSION_TABLE = "postjob_alembic_version"
+BRANCH = "postjob"
+MIGRATE_HINT = (
+    "run `postjob db migrate` (or `alembic upgrade heads` in a project whose alembic.ini "
+    f"lists {VERSION_LOCATION} in version_locations)"
+)
+
+Bind = Engine | Connection | str
+
+
+def _config(connection: Connection) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(ALEMBIC_DIR))
+    cfg.set_main_option("version_locations", str(VERSIONS_DIR))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    """The newest revision of the ``postjob`` branch shipped with this package."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(ALEMBIC_DIR))
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None
+    return head
+
+
+@contextlib.contextmanager
+def _connection(bind: Bind) -> Iterator[Connection]:
+    if isinstance(bind, Connection):
+        yield bind
+        return
+    engine = create_engine(bind) if isinstance(bind, str) else bind
+    try:
+        with engine.connect() as conn:
+            yield conn
+            if conn.in_transaction():
+                conn.commit()
+    finally:
+        if isinstance(bind, str):
+            engine.dispose()
+
+
+def installed_revision(conn: Connection) -> str | None:
+    """The revision of the ``postjob`` schema in this database, or None if it is absent."""
+    exists = conn.execute(
+        text(
+            "SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = :schema AND p.proname = 'schema_version'"
+        ),
+        {"schema": SCHEMA},
+    ).scalar()
+    if not exists:
+        return None
+    return conn.execute(text("SELECT postjob.schema_version()")).scalar_one()  # type: ignore[no-any-return]
+
+
+def _stamp_if_adopted(conn: Connection) -> None:
+    """A schema created by a host's `alembic upgrade heads` is adopted, not re-created."""
+    rev = installed_revision(conn)
+    if rev is None:
+        return
+    ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+    if not ctx.get_current_heads():
+        ctx.stamp(ScriptDirectory.from_config(_config(conn)), rev)
+
+
+def migrate(bind: Bind, revision: str = "heads") -> None:
+    """Bring the ``postjob`` schema to the newest revision; idempotent.
+
+    ``bind`` is an Engine, a Connection (the caller commits) or a database URL.
+    """
+    with _connection(bind) as conn:
+        _stamp_if_adopted(conn)
+        _alembic_upgrade(_config(conn), revision)
+
+
+def downgrade(bind: Bind, revision: str = "base") -> None:
+    """Downgrade the ``postjob`` schema; ``base`` drops the schema and every job in it."""
+    with _connection(bind) as conn:
+        _stamp_if_adopted(conn)
+        _alembic_downgrade(_config(conn), revision)
+
+
+def check_schema(conn: Connection) -> None:
+    """Raise :class:`SchemaError` with the command to run if the schema is missing or old."""
+    rev = installed_revision(conn)
+    head = head_revision()
+    if rev is None:
+        raise SchemaError(f"the postjob schema is missing from this database: {MIGRATE_HINT}")
+    if rev != head:
+        raise SchemaError(
+            f"the postjob schema is at revision {rev}, this code needs {head}: {MIGRATE_HINT}"
+        )
+
+
+def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """For a host's env.py: keep autogenerate away from the ``postjob`` schema.
+
+    Pass it as ``context.configure(include_object=postjob_sa.include_object)``.
+    """
+    schema = getattr(obj, "schema", None)
+    if schema is None and hasattr(obj, "table"):
+        schema = getattr(obj.table, "schema", None)
+    if type_ == "table" and name == VERSION_TABLE:
+        return False
+    return schema != SCHEMA

@@ -1,0 +1,117 @@
+"""Every statement postjob_sa runs at runtime, named noun first.
+
+``*_DBAPI`` statements run on a psycopg2 cursor (pyformat placeholders) on the worker's hot
+path; the others are ``text()`` constructs run through a SQLAlchemy Session or Connection.
+No statement is ever built from user input: values travel as bound parameters only.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+# -- worker (psycopg2, autocommit) -----------------------------------------------------------
+
+#: Columns the worker needs of a checked-out job.
+RUN_COLUMNS = (
+    "id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, parent_id"
+)
+
+JOB_CHECKOUT_DBAPI = (
+    f"SELECT {RUN_COLUMNS} FROM postjob.checkout("  # noqa: S608 - a constant column list
+    "%(workflows)s::text[], %(versions)s::text[], %(queues)s::text[], "
+    "%(limit)s, %(lease)s, %(fast)s)"
+)
+
+JOB_FINISH_DBAPI = (
+    "SELECT postjob.finish_jobs(%(ids)s::bigint[], %(leases)s::bigint[], %(outcomes)s::text[], "
+    "%(results)s::jsonb[], %(errors)s::text[], %(messages)s::text[], %(backtraces)s::jsonb[], "
+    "%(versions)s::text[], %(awaiting)s::bigint[], %(fast)s)"
+)
+
+JOB_TIME_TO_NEXT_DBAPI = (
+    "SELECT postjob.time_to_next_job(%(workflows)s::text[], %(versions)s::text[], "
+    "%(queues)s::text[])"
+)
+
+LEASE_EXTEND_DBAPI = (
+    "SELECT postjob.extend_leases(%(ids)s::bigint[], %(leases)s::bigint[], %(lease)s)"
+)
+
+CLIENT_IDENTIFIER_SET_DBAPI = "SELECT postjob.set_client_identifier(%(identifier)s)"
+
+SCHEMA_VERSION_DBAPI = "SELECT postjob.schema_version()"
+
+LISTEN_DBAPI = "LISTEN postjob_notifications"
+
+# -- workflow context (psycopg2: the worker's connection, or the session's in-txn one) -------
+
+CHILDREN_OF_JOB_DBAPI = (
+    "SELECT id, workflow, workflow_method, args, status::text, results, error, error_message "
+    "FROM postjob.postjobs WHERE parent_id = %(parent_id)s"
+)
+
+CHILD_BY_KEY_DBAPI = (
+    "SELECT id, workflow, status::text, results, error, error_message FROM postjob.postjobs "
+    "WHERE parent_id = %(parent_id)s AND workflow = %(workflow)s "
+    "AND workflow_method = 'run' AND args = %(args)s::jsonb"
+)
+
+CHILDREN_INSERT_DBAPI = (
+    "INSERT INTO postjob.postjobs (parent_id, queue, workflow, args, max_attempts, timeout) "
+    "SELECT %(parent_id)s, c.queue, c.workflow, c.args, c.max_attempts, c.timeout "
+    "FROM unnest(%(queues)s::text[], %(workflows)s::text[], %(args)s::jsonb[], "
+    "%(max_attempts)s::int[], %(timeouts)s::float8[]) "
+    "AS c(queue, workflow, args, max_attempts, timeout) "
+    "ON CONFLICT (parent_id, workflow, workflow_method, md5(args::text)) "
+    "WHERE parent_id IS NOT NULL DO NOTHING"
+)
+
+MANUAL_TOKEN_DBAPI = "SELECT postjob.manual_token(%(job_id)s)"
+
+WORKFLOW_STATUS_SET_DBAPI = (
+    "UPDATE postjob.postjobs SET workflow_status = %(status)s, updated_at = now() "
+    "WHERE id = %(job_id)s"
+)
+
+# -- the Session-bound API -------------------------------------------------------------------
+
+JOB_ENQUEUE_MANY = text(
+    "INSERT INTO postjob.postjobs (id, root_id, full_id, queue, workflow, workflow_version, "
+    "args, tags, max_attempts, timeout, next_run_at) "
+    "SELECT n.id, n.id, n.id::text, :queue, :workflow, :version, n.args, "
+    "CAST(:tags AS jsonb), :max_attempts, :timeout, COALESCE(:run_at, now()) "
+    "FROM (SELECT nextval('postjob.postjobs_id_seq') AS id, a.args, a.ord "
+    "      FROM unnest(CAST(:args AS jsonb[])) WITH ORDINALITY AS a(args, ord)) n "
+    "ORDER BY n.ord RETURNING id"
+)
+
+JOB_EXISTS = text("SELECT status::text FROM postjob.postjobs WHERE id = :id")
+
+JOBS_STATUS = text("SELECT id, status::text FROM postjob.postjobs WHERE id = ANY(:ids)")
+
+JOB_CHECKOUT = text(
+    "SELECT * FROM postjob.checkout(CAST(:workflows AS text[]), CAST(:versions AS text[]), "
+    "CAST(:queues AS text[]), :limit, :lease, :fast)"
+)
+
+JOB_FINISH = text(
+    "SELECT postjob.finish_jobs(CAST(:ids AS bigint[]), CAST(:leases AS bigint[]), "
+    "CAST(:outcomes AS text[]), CAST(:results AS jsonb[]), CAST(:errors AS text[]), "
+    "CAST(:messages AS text[]), CAST(:backtraces AS jsonb[]), CAST(:versions AS text[]), "
+    "CAST(:awaiting AS bigint[]), :fast)"
+)
+
+TOKEN_JOB = text(
+    "SELECT j.id, j.workflow, j.status::text FROM postjob.tokens t "
+    "JOIN postjob.postjobs j ON j.id = t.postjob_id WHERE t.token = CAST(:token AS uuid)"
+)
+
+JOB_RESOLVE = text(
+    "SELECT postjob.resolve(CAST(:token AS uuid), CAST(:result AS jsonb), :error, :message)"
+)
+
+JOBS_RESET = text("SELECT postjob.reset_jobs(CAST(:ids AS bigint[]))")
+
+JOB_FORCE = text("SELECT postjob.force_job(:id)")
+
+JOBS_REAP = text("SELECT postjob.reap(:fast)")

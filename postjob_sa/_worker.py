@@ -1,0 +1,374 @@
+"""The worker loop: check out, run, record; wait for work; survive outages; stop cleanly.
+
+Lease mode (the default): a checkout commits at once and hands each job a lease and a
+fencing token; the job runs outside any transaction; outcomes are recorded in batches by
+one ``finish_jobs`` call. Transactional mode: checkout, the job's own writes and its
+completion commit together in the worker's Session.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from psycopg2 import InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
+
+from postjob_sa import _sql
+from postjob_sa._connections import close_quietly, connect, worker_identifier
+from postjob_sa._executor import Abort, Outcome, finish_params, run_job
+from postjob_sa._heartbeat import Heartbeat
+from postjob_sa._listener import Listener
+from postjob_sa._migrations import head_revision, MIGRATE_HINT
+from postjob_sa.context import RunningJob, _RunContext
+from postjob_sa.errors import SchemaError
+
+if TYPE_CHECKING:
+    from postjob_sa.queue import JobQueue
+
+log = logging.getLogger("postjob_sa.worker")
+
+#: The longest a worker sleeps without looking at the queue.
+WAIT_CAP = 30.0
+#: Outcomes of short jobs are recorded together, at the latest after this many seconds.
+FLUSH_INTERVAL = 0.05
+RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+_CONNECTION_ERRORS = (OperationalError, InterfaceError)
+
+
+class _WakeUp(BaseException):
+    """Breaks a wait when a stop is requested."""
+
+
+@dataclass
+class WorkerOptions:
+    count: int | None = None
+    batch: int = 1
+    queues: list[str] | None = None
+    workflows: list[str] | None = None
+    until_idle: bool = False
+    handle_signals: bool = True
+    all_transactional: bool = False
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    if isinstance(exc, DBAPIError):
+        return exc.connection_invalidated or isinstance(exc.orig, _CONNECTION_ERRORS)
+    return isinstance(exc, _CONNECTION_ERRORS)
+
+
+class Worker:
+    """One worker loop over a JobQueue (see ``JobQueue.work``)."""
+
+    def __init__(self, queue: JobQueue, options: WorkerOptions):
+        self.q = queue
+        self.opts = options
+        reg = queue.registry
+        if options.all_transactional:
+            self.lease_pairs: tuple[list[str], list[str]] = ([], [])
+            self.tx_pairs = reg.pairs(options.workflows)
+        else:
+            self.lease_pairs = reg.pairs(options.workflows, transactional=False)
+            self.tx_pairs = reg.pairs(options.workflows, transactional=True)
+        self.conn: Any = None
+        self.listener = Listener(queue.engine)
+        self.heartbeat = Heartbeat(queue.engine, queue.lease)
+        self.buffer: list[Outcome] = []
+        self.buffer_since = 0.0
+        self.processed = 0
+        self.last_job_id: int | None = None
+        self.stop_requested = False
+        self._in_job = False
+        self._waiting = False
+        self._signals = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        with self._signal_handlers():
+            try:
+                self._connect()
+                self._loop()
+            finally:
+                self._shutdown()
+        return self.processed
+
+    def _connect(self) -> None:
+        if self.conn is not None:
+            return
+        self.conn = connect(self.q.engine)
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "WHERE n.nspname = 'postjob' AND p.proname = 'schema_version'"
+            )
+            if cur.fetchone() is None:
+                raise SchemaError(f"the postjob schema is missing from this database: {MIGRATE_HINT}")
+            cur.execute(_sql.SCHEMA_VERSION_DBAPI)
+            rev = cur.fetchone()[0]
+            if rev != head_revision():
+                raise SchemaError(
+                    f"the postjob schema is at revision {rev}, this code needs "
+                    f"{head_revision()}: {MIGRATE_HINT}"
+                )
+            cur.execute(_sql.CLIENT_IDENTIFIER_SET_DBAPI, {"identifier": self.q.identifier})
+
+    def _disconnect(self) -> None:
+        close_quietly(self.conn)
+        self.conn = None
+        self.listener.close()
+
+    def _shutdown(self) -> None:
+        try:
+            self._flush()
+        except Exception as exc:
+            log.warning("could not record %d outcomes at shutdown: %s", len(self.buffer), exc)
+        self.heartbeat.stop()
+        self._disconnect()
+
+    def _done(self) -> bool:
+        return self.stop_requested or (
+            self.opts.count is not None and self.processed >= self.opts.count
+        )
+
+    def _loop(self) -> None:
+        if not self.opts.until_idle:
+            self.listener.start()
+        failures = 0
+        while not self._done():
+            try:
+                self._connect()
+                did = 0
+                if self.tx_pairs[0]:
+                    did += self._transactional_step()
+                if self.lease_pairs[0] and not self._done():
+                    did += self._lease_batch()
+                failures = 0
+                if did:
+                    continue
+                if self.opts.until_idle:
+                    return
+                self._wait()
+            except Abort:
+                return
+            except _WakeUp:
+                continue
+            except Exception as exc:
+                if not _is_connection_error(exc):
+                    raise
+                delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
+                failures += 1
+                log.warning(
+                    "database unreachable (%s); reconnecting in %.2fs",
+                    " ".join(str(exc).split())[:200], delay,
+                )
+                self._disconnect()
+                self._sleep(delay)
+
+    def _sleep(self, seconds: float) -> None:
+        self._waiting = True
+        try:
+            time.sleep(seconds)
+        except _WakeUp:
+            pass
+        finally:
+            self._waiting = False
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    def _wait(self) -> None:
+        names, versions = self.lease_pairs[0] + self.tx_pairs[0], self.lease_pairs[1] + self.tx_pairs[1]
+        with self.conn.cursor() as cur:
+            cur.execute(
+                _sql.JOB_TIME_TO_NEXT_DBAPI,
+                {"workflows": names, "versions": versions, "queues": self.opts.queues},
+            )
+            ttnj = cur.fetchone()[0]
+        timeout = WAIT_CAP if ttnj is None else max(0.0, min(float(ttnj), WAIT_CAP))
+        if timeout <= 0:
+            return
+        self._waiting = True
+        try:
+            if self.stop_requested:
+                return
+            self.listener.wait(timeout)
+        except _WakeUp:
+            pass
+        finally:
+            self._waiting = False
+
+    # -- lease mode --------------------------------------------------------------------------
+
+    def _remaining(self) -> int:
+        limit = self.opts.batch
+        if self.opts.count is not None:
+            limit = min(limit, self.opts.count - self.processed)
+        return max(limit, 1)
+
+    def _lease_batch(self) -> int:
+        names, versions = self.lease_pairs
+        with self.conn.cursor() as cur:
+            cur.execute(
+                _sql.JOB_CHECKOUT_DBAPI,
+                {
+                    "workflows": names,
+                    "versions": versions,
+                    "queues": self.opts.queues,
+                    "limit": self._remaining(),
+                    "lease": self.q.lease,
+                    "fast": self.q.fast_mode,
+                },
+            )
+            rows = cur.fetchall()
+        if not rows:
+            self._flush()
+            return 0
+        jobs = [_running_job(r) for r in rows]
+        self.heartbeat.hold({j.id: j.lease_token for j in jobs if j.lease_token is not None})
+        for index, job in enumerate(jobs):
+            if self.stop_requested:
+                self._release(jobs[index:])
+                break
+            wf = self.q.registry.get(job.workflow)
+            assert wf is not None, job.workflow
+            ctx = _RunContext(job, cursor_factory=self.conn.cursor)
+            started = time.monotonic()
+            self._in_job = True
+            try:
+                outcome = run_job(ctx, wf)
+            except Abort:
+                self._in_job = False
+                log.warning("job %s interrupted: released for retry", job.id)
+                self._release(jobs[index:])
+                self._flush()
+                raise
+            finally:
+                self._in_job = False
+            self._record(outcome, time.monotonic() - started)
+        self._flush()
+        return len(jobs)
+
+    def _record(self, outcome: Outcome, took: float) -> None:
+        if not self.buffer:
+            self.buffer_since = time.monotonic()
+        self.buffer.append(outcome)
+        if outcome.kind != "release":
+            self.processed += 1
+            self.last_job_id = outcome.job_id
+            log.debug("job %s: %s in %.1f ms", outcome.job_id, outcome.kind, took * 1000)
+        if time.monotonic() - self.buffer_since >= FLUSH_INTERVAL:
+            self._flush()
+
+    def _release(self, jobs: list[RunningJob]) -> None:
+        for job in jobs:
+            self.buffer.append(Outcome(job.id, job.lease_token, "release"))
+
+    def _flush(self) -> None:
+        if not self.buffer or self.conn is None:
+            return
+        batch = self.buffer
+        with self.conn.cursor() as cur:
+            cur.execute(_sql.JOB_FINISH_DBAPI, finish_params(batch, self.q.fast_mode))
+            accepted = set(cur.fetchone()[0])
+        self.buffer = []
+        self.heartbeat.release([o.job_id for o in batch])
+        for o in batch:
+            if o.job_id not in accepted:
+                log.warning(
+                    "job %s: the lease was lost (reaped, reset or resolved meanwhile); "
+                    "outcome %r not recorded", o.job_id, o.kind,
+                )
+
+    # -- transactional mode ------------------------------------------------------------------
+
+    def _transactional_step(self) -> int:
+        session = self.q.worker_session()
+        names, versions = self.tx_pairs
+        try:
+            row = session.execute(
+                _sql.JOB_CHECKOUT,
+                {
+                    "workflows": names, "versions": versions, "queues": self.opts.queues,
+                    "limit": 1, "lease": self.q.lease, "fast": self.q.fast_mode,
+                },
+            ).mappings().first()
+            if row is None:
+                session.rollback()
+                return 0
+            job = _running_job(row)
+            wf = self.q.registry.get(job.workflow)
+            assert wf is not None
+            dbapi = session.connection().connection.dbapi_connection
+            assert dbapi is not None
+            ctx = _RunContext(job, cursor_factory=dbapi.cursor, session=session)
+            savepoint = session.begin_nested()
+            self._in_job = True
+            try:
+                outcome = run_job(ctx, wf)
+            finally:
+                self._in_job = False
+            if outcome.kind in ("err", "failed"):
+                savepoint.rollback()
+            elif savepoint.is_active:
+                savepoint.commit()
+            session.execute(_sql.JOB_FINISH, finish_params([outcome], self.q.fast_mode))
+            session.commit()
+            self.processed += 1
+            self.last_job_id = job.id
+            return 1
+        except BaseException:
+            session.rollback()
+            raise
+
+    # -- signals -----------------------------------------------------------------------------
+
+    @contextmanager
+    def _signal_handlers(self) -> Iterator[None]:
+        if not self.opts.handle_signals or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in previous:
+            signal.signal(s, self._on_signal)
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        self.stop_requested = True
+        if self._signals == 1:
+            log.warning(
+                "received %s: stopping after the current job (send again to stop at once)",
+                signal.Signals(signum).name,
+            )
+            if self._waiting:
+                raise _WakeUp()
+            return
+        log.warning("received %s again: stopping now", signal.Signals(signum).name)
+        if self._in_job:
+            raise Abort()
+        if self._waiting:
+            raise _WakeUp()
+
+
+def _running_job(row: Any) -> RunningJob:
+    if isinstance(row, tuple):
+        id_, lease, wf, version, args, queue, root_id, full_id, parent_id = row
+    else:
+        id_, lease, wf, version = row["id"], row["lease_token"], row["workflow"], row["workflow_version"]
+        args, queue, root_id, full_id = row["args"], row["queue"], row["root_id"], row["full_id"]
+        parent_id = row["parent_id"]
+    return RunningJob(
+        id=id_, workflow=wf, workflow_version=version, args=list(args or []), queue=queue,
+        root_id=root_id, full_id=full_id, parent_id=parent_id, lease_token=lease,
+    )

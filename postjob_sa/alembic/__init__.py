@@ -1,0 +1,1 @@
+"""The package's Alembic environment and revisions (branch label ``postjob``)."""

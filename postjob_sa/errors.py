@@ -1,0 +1,55 @@
+"""The exceptions of postjob_sa."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PostjobError(Exception):
+    """Base class of the errors postjob_sa raises."""
+
+
+class InvalidArgument(PostjobError, ValueError):
+    """An argument was rejected before anything was written."""
+
+
+class JobNotFound(PostjobError, LookupError):
+    """No job (or token) matches."""
+
+
+class InvalidJobState(PostjobError):
+    """The job is not in a state that allows the operation."""
+
+
+class SchemaError(PostjobError):
+    """The database has no postjob schema, or an older one than this code needs."""
+
+
+class NotInJob(PostjobError, RuntimeError):
+    """A workflow helper was called outside a running job."""
+
+
+class NonRecoverable(Exception):
+    """Raise from a workflow to fail its job at once, without retries."""
+
+
+class ResultNotJSON(NonRecoverable):
+    """A workflow returned a value that cannot be stored as JSON."""
+
+
+class ChildFailed(NonRecoverable):
+    """A child job the workflow waits for failed or timed out.
+
+    Non-recoverable: unless the workflow catches it, the parent fails at once (retrying it
+    would meet the same failed child again).
+    """
+
+    def __init__(self, child_id: int, status: str, error: str | None, message: str | None):
+        self.child_id = child_id
+        self.status = status
+        self.error = error
+        self.message = message
+        super().__init__(f"child job {child_id} {status}: {error or ''}: {message or ''}".rstrip(": "))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ChildFailed, (self.child_id, self.status, self.error, self.message))

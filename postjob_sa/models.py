@@ -1,0 +1,192 @@
+"""The schema ``postjob`` as SQLAlchemy 2.0 typed models.
+
+The revisions in ``postjob_sa/alembic/versions`` create exactly this schema (a test compares
+them); the state machine itself lives in the plpgsql functions those revisions install.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Double,
+    Enum,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+SCHEMA = "postjob"
+CHANNEL = "postjob_notifications"
+MANUAL_WORKFLOW = "__manual__"
+
+
+class Status(str, enum.Enum):
+    """The states of a job. ``ok``, ``failed`` and ``timeout`` are final."""
+
+    ready = "ready"
+    processing = "processing"
+    sleep = "sleep"
+    failed = "failed"
+    err = "err"
+    timeout = "timeout"
+    ok = "ok"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (Status.ok, Status.failed, Status.timeout)
+
+
+FINAL_STATUSES = frozenset({Status.ok, Status.failed, Status.timeout})
+
+metadata = MetaData(schema=SCHEMA)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the ``postjob`` schema (keep it apart from the host's own base)."""
+
+    metadata = metadata
+
+
+_status_type = Enum(
+    Status,
+    name="statuses",
+    schema=SCHEMA,
+    values_callable=lambda e: [m.value for m in e],
+    create_type=False,
+)
+
+
+class Job(Base):
+    """One run of a workflow: a row of ``postjob.postjobs``.
+
+    ``session.add(Job(workflow="name", args=[...]))`` enqueues a job; the database fills in
+    root_id, full_id and the deadline.
+    """
+
+    __tablename__ = "postjobs"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    parent_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("postjob.postjobs.id", ondelete="CASCADE")
+    )
+    root_id: Mapped[int | None] = mapped_column(BigInteger)
+    full_id: Mapped[str | None] = mapped_column(String)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+    queue: Mapped[str] = mapped_column(String, server_default="q", nullable=False)
+    workflow: Mapped[str] = mapped_column(String, nullable=False)
+    workflow_method: Mapped[str] = mapped_column(String, server_default="run", nullable=False)
+    workflow_version: Mapped[str] = mapped_column(String, server_default="", nullable=False)
+    args: Mapped[list[Any]] = mapped_column(
+        JSONB, server_default=text("'[]'::jsonb"), nullable=False
+    )
+    status: Mapped[Status] = mapped_column(
+        _status_type, server_default=Status.ready.value, nullable=False
+    )
+    next_run_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    timeout: Mapped[float | None] = mapped_column(Double)
+    timing_out_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    failed_attempts: Mapped[int] = mapped_column(Integer, server_default="0", nullable=False)
+    max_attempts: Mapped[int] = mapped_column(Integer, server_default="5", nullable=False)
+    results: Mapped[Any | None] = mapped_column(JSONB(none_as_null=True))
+    error: Mapped[str | None] = mapped_column(String)
+    error_message: Mapped[str | None] = mapped_column(String)
+    error_backtrace: Mapped[list[str] | None] = mapped_column(JSONB(none_as_null=True))
+    workflow_status: Mapped[str | None] = mapped_column(String)
+    tags: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
+    awaiting_id: Mapped[int | None] = mapped_column(BigInteger)
+    processing_client: Mapped[str | None] = mapped_column(String)
+    processing_client_identifier: Mapped[str | None] = mapped_column(String)
+    processing_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    processing_max_duration: Mapped[float | None] = mapped_column(Double)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_token: Mapped[int | None] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        # checkout: runnable jobs in due order
+        Index(
+            "postjobs_runnable_idx",
+            "next_run_at",
+            postgresql_where=text("status IN ('ready', 'err')"),
+        ),
+        # reaping timeouts
+        Index(
+            "postjobs_timing_out_idx",
+            "timing_out_at",
+            postgresql_where=text(
+                "status IN ('ready', 'err', 'sleep') AND timing_out_at IS NOT NULL"
+            ),
+        ),
+        # reaping expired leases (zombies)
+        Index(
+            "postjobs_lease_idx",
+            "lease_expires_at",
+            postgresql_where=text("status = 'processing'"),
+        ),
+        # one child per (parent, workflow, method, args); also serves parent_id lookups
+        Index(
+            "postjobs_child_key_idx",
+            "parent_id",
+            "workflow",
+            "workflow_method",
+            text("md5(args::text)"),
+            unique=True,
+            postgresql_where=text("parent_id IS NOT NULL"),
+        ),
+        Index("postjobs_root_id_idx", "root_id"),
+        Index(
+            "postjobs_tags_idx",
+            "tags",
+            postgresql_using="gin",
+            postgresql_ops={"tags": "jsonb_path_ops"},
+        ),
+        {"schema": SCHEMA},
+    )
+
+    @property
+    def result(self) -> Any:
+        """The job's result (``results[0]``), or None when it has none."""
+        if isinstance(self.results, list) and self.results:
+            return self.results[0]
+        return None
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.workflow} {self.status.value if self.status else None}>"
+
+
+class Token(Base):
+    """The secret that finishes a manual job (see ``JobQueue.resolve``)."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    postjob_id: Mapped[int] = mapped_column(
+        BigInteger,
+        ForeignKey("postjob.postjobs.id", ondelete="CASCADE"),
+        nullable=False,
+        unique=True,
+    )
+    token: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False, unique=True)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+
+    __table_args__ = ({"schema": SCHEMA},)

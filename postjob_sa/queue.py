@@ -1,0 +1,303 @@
+"""JobQueue: the Session-bound API. It joins the caller's transaction and never commits it
+(the worker loops ``step``/``drain``/``work`` own their connections and commit each step)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, insert, select
+from sqlalchemy.orm import Session
+
+from postjob_sa import _sql, _validate
+from postjob_sa._connections import engine_of, worker_identifier
+from postjob_sa._executor import Outcome, finish_params
+from postjob_sa._worker import Worker, WorkerOptions
+from postjob_sa.errors import InvalidArgument, InvalidJobState, JobNotFound
+from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, Job, Status
+from postjob_sa.registry import Registry, Workflow, default_registry
+
+DEFAULT_LEASE = 60.0
+DEFAULT_MAX_ATTEMPTS = 5
+
+
+def _workflow_name(workflow: Workflow[Any, Any] | str) -> tuple[str, Workflow[Any, Any] | None]:
+    if isinstance(workflow, Workflow):
+        return workflow.name, workflow
+    return _validate.name(workflow, "workflow"), None
+
+
+class JobQueue:
+    """The job queue, bound to a SQLAlchemy Session.
+
+    ``fast_mode`` shortens retry back-off to 0.01 s·1.5^n (tests); ``lease`` is how long a
+    checked-out job is held before it is presumed abandoned (the worker's heartbeat extends
+    it while the job runs); ``batch_size`` is how many jobs a worker checks out per round trip.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        fast_mode: bool = False,
+        *,
+        lease: float = DEFAULT_LEASE,
+        batch_size: int = 1,
+        registry: Registry | None = None,
+        identifier: str | None = None,
+    ):
+        self.session = session
+        self.fast_mode = bool(fast_mode)
+        self.lease = _validate.seconds(lease, "lease") or DEFAULT_LEASE
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
+            raise InvalidArgument(f"batch_size must be an integer from 1 to 10000, not {batch_size!r}")
+        self.batch_size = batch_size
+        self.registry = registry or default_registry
+        self.identifier = identifier or worker_identifier()
+
+    @property
+    def engine(self) -> Engine:
+        return engine_of(self.session)
+
+    def worker_session(self) -> Session:
+        return self.session
+
+    # -- enqueue -----------------------------------------------------------------------------
+
+    def _options(
+        self,
+        wf: Workflow[Any, Any] | None,
+        queue: str | None,
+        max_attempts: int | None,
+        timeout: float | None,
+        version: str | None,
+        tags: Mapping[str, Any] | None,
+        run_at: datetime | None,
+    ) -> dict[str, Any]:
+        return {
+            "queue": _validate.name(queue, "queue") if queue is not None
+            else (wf.queue if wf and wf.queue else "q"),
+            "max_attempts": _validate.max_attempts(max_attempts)
+            or (wf.max_attempts if wf and wf.max_attempts else DEFAULT_MAX_ATTEMPTS),
+            "timeout": _validate.seconds(timeout, "timeout")
+            if timeout is not None else (wf.timeout if wf else None),
+            "workflow_version": "" if version is None else _validate.name(version, "version"),
+            "tags": _validate.tags_json(tags),
+            "run_at": _validate.run_at(run_at),
+        }
+
+    def enqueue(
+        self,
+        workflow_or_name: Workflow[Any, Any] | str,
+        *args: Any,
+        queue: str | None = None,
+        parent_id: int | None = None,
+        tags: Mapping[str, Any] | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        version: str | None = None,
+        run_at: datetime | None = None,
+    ) -> Job:
+        """Add a job to the caller's transaction (flushed, not committed) and return it."""
+        name, wf = _workflow_name(workflow_or_name)
+        args_json = _validate.args_json(args)
+        opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
+        if parent_id is not None:
+            self._require_job(_validate.job_id(parent_id))
+        values: dict[str, Any] = {
+            "workflow": name,
+            "args": json.loads(args_json),
+            "queue": opts["queue"],
+            "max_attempts": opts["max_attempts"],
+            "timeout": opts["timeout"],
+            "workflow_version": opts["workflow_version"],
+            "parent_id": parent_id,
+            "tags": json.loads(opts["tags"]) if opts["tags"] else None,
+        }
+        if opts["run_at"] is not None:
+            values["next_run_at"] = opts["run_at"]
+        stmt = insert(Job).values(**values).returning(Job)
+        job: Job = self.session.scalars(stmt).one()
+        return job
+
+    def enqueue_many(
+        self,
+        workflow_or_name: Workflow[Any, Any] | str,
+        arg_lists: Iterable[Sequence[Any]],
+        *,
+        queue: str | None = None,
+        tags: Mapping[str, Any] | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        version: str | None = None,
+        run_at: datetime | None = None,
+    ) -> list[int]:
+        """Add one root job per args list in one statement; return their ids in order."""
+        name, wf = _workflow_name(workflow_or_name)
+        encoded = [_validate.args_json(a) for a in arg_lists]
+        if not encoded:
+            return []
+        opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
+        rows = self.session.execute(
+            _sql.JOB_ENQUEUE_MANY,
+            {
+                "workflow": name,
+                "args": encoded,
+                "queue": opts["queue"],
+                "max_attempts": opts["max_attempts"],
+                "timeout": opts["timeout"],
+                "version": opts["workflow_version"],
+                "tags": opts["tags"],
+                "run_at": opts["run_at"],
+            },
+        )
+        return [r[0] for r in rows]
+
+    # -- checkout in the caller's transaction ------------------------------------------------
+
+    def checkout(
+        self,
+        workflows: Iterable[str] | None = None,
+        limit: int = 1,
+        queues: Iterable[str] | None = None,
+    ) -> list[Job]:
+        """Check out up to ``limit`` runnable jobs (FOR UPDATE SKIP LOCKED) in the caller's
+        transaction; a rollback returns them. Record outcomes with complete()/fail()."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidArgument(f"limit must be an integer from 1 to 10000, not {limit!r}")
+        names, versions = self.registry.pairs(list(workflows) if workflows is not None else None)
+        stmt = select(Job).from_statement(_sql.JOB_CHECKOUT).execution_options(populate_existing=True)
+        params = {
+            "workflows": names, "versions": versions,
+            "queues": [_validate.name(q, "queue") for q in queues] if queues is not None else None,
+            "limit": limit, "lease": self.lease, "fast": self.fast_mode,
+        }
+        return list(self.session.scalars(stmt, params).all())
+
+    def _finish(self, outcome: Outcome) -> None:
+        accepted = self.session.execute(_sql.JOB_FINISH, finish_params([outcome], self.fast_mode)).scalar_one()
+        if outcome.job_id not in accepted:
+            raise InvalidJobState(f"job {outcome.job_id} is not checked out under this lease")
+
+    def complete(self, job: Job, result: Any = None) -> None:
+        """Record a checked-out job's result (in the caller's transaction)."""
+        payload = _validate.to_json([result], "result")
+        self._finish(Outcome(job.id, job.lease_token, "ok", result=payload, version=job.workflow_version))
+        self.session.expire(job)
+
+    def fail(self, job: Job, error: BaseException, *, retry: bool = True) -> None:
+        """Record a failed run of a checked-out job: retried with back-off when ``retry``."""
+        self._finish(
+            Outcome(
+                job.id, job.lease_token, "err" if retry else "failed",
+                error=type(error).__qualname__, message=str(error), version=job.workflow_version,
+            )
+        )
+        self.session.expire(job)
+
+    # -- worker loops ------------------------------------------------------------------------
+
+    def step(self, transactional: bool = False) -> int | None:
+        """Check out, run and record one job; return its id, or None if none was runnable.
+
+        With ``transactional=True`` the job runs in this queue's Session: its writes and its
+        completion commit together (the Session is committed)."""
+        worker = Worker(
+            self,
+            WorkerOptions(count=1, until_idle=True, handle_signals=False, all_transactional=transactional),
+        )
+        return worker.last_job_id if worker.run() else None
+
+    def drain(self, *, queues: Iterable[str] | None = None) -> int:
+        """Run jobs until none is runnable now; return how many ran."""
+        return Worker(
+            self,
+            WorkerOptions(
+                batch=self.batch_size, until_idle=True, handle_signals=False,
+                queues=list(queues) if queues is not None else None,
+            ),
+        ).run()
+
+    def work(
+        self,
+        count: int | None = None,
+        *,
+        queues: Iterable[str] | None = None,
+        workflows: Iterable[str] | None = None,
+    ) -> int:
+        """The worker loop: run jobs as they become due, sleep on LISTEN in between; stop
+        after ``count`` jobs or on SIGINT/SIGTERM (after the current job; a second signal
+        stops at once and releases the job). Returns how many jobs ran."""
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+            raise InvalidArgument(f"count must be a positive integer, not {count!r}")
+        return Worker(
+            self,
+            WorkerOptions(
+                count=count, batch=self.batch_size,
+                queues=list(queues) if queues is not None else None,
+                workflows=list(workflows) if workflows is not None else None,
+            ),
+        ).run()
+
+    # -- operations --------------------------------------------------------------------------
+
+    def _require_job(self, job_id: int) -> str:
+        status = self.session.execute(_sql.JOB_EXISTS, {"id": job_id}).scalar()
+        if status is None:
+            raise JobNotFound(f"no job has the id {job_id}")
+        return str(status)
+
+    def resolve(self, token: str | uuid.UUID, result: Any = None, *, error: str | None = None) -> int:
+        """Finish a manual job by its token: ok with ``result``, or failed with ``error``
+        (a message). Wakes its parent. Returns the job id."""
+        try:
+            token_uuid = token if isinstance(token, uuid.UUID) else uuid.UUID(str(token))
+        except ValueError:
+            raise InvalidArgument(f"not a token: {token!r}") from None
+        payload = _validate.to_json(result, "result")
+        if error is not None and not isinstance(error, str):
+            raise InvalidArgument("error must be a message string")
+        row = self.session.execute(_sql.TOKEN_JOB, {"token": str(token_uuid)}).first()
+        if row is None:
+            raise JobNotFound(f"no job has the token {token_uuid}")
+        job_id, workflow, status = row
+        if workflow != MANUAL_WORKFLOW:
+            raise InvalidJobState(f"job {job_id} is not a manual job")
+        if Status(status) in FINAL_STATUSES:
+            raise InvalidJobState(f"job {job_id} is already {status}")
+        self.session.execute(
+            _sql.JOB_RESOLVE,
+            {
+                "token": str(token_uuid), "result": payload,
+                "error": None if error is None else "Resolved",
+                "message": error,
+            },
+        )
+        return int(job_id)
+
+    def reset(self, *ids: int) -> list[int]:
+        """Make these jobs (and their failed or timed-out descendants) ready again, attempts
+        and errors cleared, with a fresh deadline. Returns the ids reset."""
+        checked = [_validate.job_id(i) for i in ids]
+        if not checked:
+            raise InvalidArgument("reset needs at least one job id")
+        found = {r[0] for r in self.session.execute(_sql.JOBS_STATUS, {"ids": checked})}
+        missing = [i for i in checked if i not in found]
+        if missing:
+            raise JobNotFound(f"no job has the id {', '.join(map(str, missing))}")
+        ids_reset = self.session.execute(_sql.JOBS_RESET, {"ids": checked}).scalar_one()
+        return list(ids_reset)
+
+    def force(self, job_id: int) -> None:
+        """Run a ready, err or sleeping job as soon as possible."""
+        status = self._require_job(_validate.job_id(job_id))
+        if status not in ("ready", "err", "sleep"):
+            raise InvalidJobState(f"job {job_id} is {status}: only ready, err or sleep jobs can be forced")
+        self.session.execute(_sql.JOB_FORCE, {"id": job_id})
+
+    def reap(self) -> int:
+        """Time out jobs past their deadline and fail over jobs whose lease expired (zombies);
+        return how many. Every checkout does this too; call it from cron when no worker runs."""
+        return int(self.session.execute(_sql.JOBS_REAP, {"fast": self.fast_mode}).scalar_one())
