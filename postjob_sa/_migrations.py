@@ -35,6 +35,7 @@ Bind = Engine | Connection | str
 def _config(connection: Connection) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(ALEMBIC_DIR))
+    cfg.set_main_option("path_separator", "os")
     cfg.set_main_option("version_locations", str(VERSIONS_DIR))
     cfg.attributes["connection"] = connection
     return cfg
@@ -44,6 +45,7 @@ def head_revision() -> str:
     """The newest revision of the ``postjob`` branch shipped with this package."""
     cfg = Config()
     cfg.set_main_option("script_location", str(ALEMBIC_DIR))
+    cfg.set_main_option("path_separator", "os")
     head = ScriptDirectory.from_config(cfg).get_current_head()
     assert head is not None
     return head

@@ -32,7 +32,7 @@ CHANNEL = "postjob_notifications"
 MANUAL_WORKFLOW = "__manual__"
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """The states of a job. ``ok``, ``failed`` and ``timeout`` are final."""
 
     ready = "ready"

@@ -31,7 +31,7 @@ class Workflow(Generic[P, R]):
     transactional: bool = False
 
     def __post_init__(self) -> None:
-        functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, self.fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)

@@ -1,0 +1,61 @@
+"""An embedded PostgreSQL (the ``embedded`` extra, on pgserver) for first steps, the demo and
+tests on a machine without a server.
+
+The data directory is ``$POSTJOB_EMBEDDED_DIR`` if set, else
+``$XDG_DATA_HOME/postjob_sa/pgdata`` (``~/.local/share/postjob_sa/pgdata``), so jobs survive
+between runs. The server stops when the last process using it exits.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from postjob_sa.errors import PostjobError
+
+INSTALL_HINT = "pip install 'postjob_sa[embedded]'"
+
+
+class EmbeddedUnavailable(PostjobError):
+    """pgserver is not installed (or could not start a server)."""
+
+
+def data_dir() -> Path:
+    """Where the embedded server keeps its data."""
+    explicit = os.environ.get("POSTJOB_EMBEDDED_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "postjob_sa" / "pgdata"
+
+
+_server: Any = None
+
+
+def server(path: Path | None = None) -> Any:
+    """Start (or join) the embedded server and return its pgserver handle."""
+    global _server
+    if _server is not None:
+        return _server
+    try:
+        import pgserver
+    except ImportError:
+        raise EmbeddedUnavailable(
+            f"no database URL is configured and the embedded server is not installed: "
+            f"{INSTALL_HINT}, or pass --database-url / set POSTJOB_DATABASE_URL"
+        ) from None
+    target = path or data_dir()
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        _server = pgserver.get_server(target, cleanup_mode="stop")  # type: ignore[attr-defined]
+    except Exception as exc:
+        raise EmbeddedUnavailable(f"the embedded PostgreSQL in {target} did not start: {exc}") from exc
+    return _server
+
+
+def database_url(path: Path | None = None, database: str = "postgres") -> str:
+    """A SQLAlchemy URL (psycopg2) to a database of the embedded server."""
+    srv = server(path)
+    socket_dir = str(srv.pgdata)
+    return f"postgresql+psycopg2://postgres@/{database}?host={socket_dir}"

@@ -1,0 +1,135 @@
+"""Test harness: a real PostgreSQL, a migrated template database, one clone per test module.
+
+The server is ``POSTJOB_TEST_DATABASE_URL`` when set, else the embedded one (pgserver).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.orm import Session
+
+import postjob_sa
+from postjob_sa._migrations import VERSIONS_DIR
+
+LOCK_KEY = 4242_0001
+
+
+def _server_url() -> URL:
+    explicit = os.environ.get("POSTJOB_TEST_DATABASE_URL")
+    if explicit:
+        url = make_url(explicit)
+        if url.drivername == "postgresql":
+            url = url.set(drivername="postgresql+psycopg2")
+        return url
+    from postjob_sa import embedded
+
+    return make_url(embedded.database_url())
+
+
+def _template_name() -> str:
+    digest = hashlib.sha1()
+    for path in sorted(VERSIONS_DIR.glob("*.py")):
+        digest.update(path.read_bytes())
+    return f"postjob_tpl_{digest.hexdigest()[:12]}"
+
+
+def _admin(url: URL) -> Engine:
+    return create_engine(url, isolation_level="AUTOCOMMIT", poolclass=None)
+
+
+@pytest.fixture(scope="session")
+def server_url() -> URL:
+    return _server_url()
+
+
+@pytest.fixture(scope="session")
+def template_db(server_url: URL) -> str:
+    """A database migrated through the real revisions, created once per revision set."""
+    name = _template_name()
+    admin = _admin(server_url)
+    with admin.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": LOCK_KEY})
+        try:
+            exists = conn.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}
+            ).scalar()
+            if not exists:
+                building = f"{name}_building"
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{building}" WITH (FORCE)'))
+                conn.execute(text(f'CREATE DATABASE "{building}"'))
+                tpl = create_engine(server_url.set(database=building))
+                try:
+                    postjob_sa.migrate(tpl)
+                finally:
+                    tpl.dispose()
+                conn.execute(text(f'ALTER DATABASE "{building}" RENAME TO "{name}"'))
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LOCK_KEY})
+    admin.dispose()
+    return name
+
+
+def create_clone(server_url: URL, template: str, label: str) -> URL:
+    name = f"pjt_{os.getpid()}_{re.sub(r'[^a-z0-9]', '_', label.lower())[-40:]}"
+    admin = _admin(server_url)
+    with admin.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": LOCK_KEY})
+        try:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LOCK_KEY})
+    admin.dispose()
+    return server_url.set(database=name)
+
+
+def drop_database(server_url: URL, url: URL) -> None:
+    admin = _admin(server_url)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def db_url(request: pytest.FixtureRequest, server_url: URL, template_db: str) -> Iterator[URL]:
+    """A fresh database for this test module, cloned from the migrated template."""
+    url = create_clone(server_url, template_db, Path(str(request.path)).stem)
+    yield url
+    drop_database(server_url, url)
+
+
+@pytest.fixture(scope="module")
+def engine(db_url: URL) -> Iterator[Engine]:
+    eng = create_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def clean(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE postjob.postjobs, postjob.tokens RESTART IDENTITY CASCADE"))
+
+
+@pytest.fixture
+def session(engine: Engine, clean: None) -> Iterator[Session]:
+    with Session(engine) as s:
+        yield s
+
+
+@pytest.fixture
+def queue(session: Session) -> postjob_sa.JobQueue:
+    return postjob_sa.JobQueue(session, fast_mode=True)
+
+
+def url_string(url: URL) -> str:
+    """The URL with its password, for subprocesses."""
+    return url.render_as_string(hide_password=False)
