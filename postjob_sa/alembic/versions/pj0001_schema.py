@@ -17,6 +17,8 @@ branch_labels = ("postjob",)
 depends_on = None
 
 # Every function is schema-qualified throughout, so it works whatever the search_path.
+# Functions use statement_timestamp(), not now(): a checkout inside a long caller transaction
+# must see the time of the call, not the time the transaction began.
 
 SCHEMA_SQL = r"""
 CREATE SCHEMA IF NOT EXISTS postjob;
@@ -102,7 +104,7 @@ BEGIN
     NEW.full_id := COALESCE(v_full_id, NEW.parent_id::varchar) || '.' || NEW.id;
   END IF;
   IF NEW.timing_out_at IS NULL AND NEW.timeout IS NOT NULL THEN
-    NEW.timing_out_at := now() + NEW.timeout * interval '1 second';
+    NEW.timing_out_at := statement_timestamp() + NEW.timeout * interval '1 second';
   END IF;
   RETURN NEW;
 END;
@@ -165,7 +167,7 @@ RETURNS SETOF postjob.postjobs LANGUAGE sql AS $$
                                 parent_id, tags, max_attempts, timeout, next_run_at)
   VALUES (COALESCE(p_queue, 'q'), p_workflow, COALESCE(p_workflow_method, 'run'),
           COALESCE(p_workflow_version, ''), COALESCE(p_args, '[]'::jsonb), p_parent_id, p_tags,
-          COALESCE(p_max_attempts, 5), p_timeout, COALESCE(p_run_at, now()))
+          COALESCE(p_max_attempts, 5), p_timeout, COALESCE(p_run_at, statement_timestamp()))
   RETURNING *
 $$;
 
@@ -191,7 +193,7 @@ BEGIN
       processing_max_duration = NULL,
       lease_expires_at = NULL,
       lease_token = NULL,
-      updated_at = now()
+      updated_at = statement_timestamp()
     FROM postjob.postjobs a
     WHERE a.id = ANY (p_failed_ids)
       AND d.root_id = a.root_id
@@ -201,9 +203,9 @@ BEGIN
 
   UPDATE postjob.postjobs p SET
     status = 'ready',
-    next_run_at = now(),
+    next_run_at = statement_timestamp(),
     awaiting_id = NULL,
-    updated_at = now()
+    updated_at = statement_timestamp()
   WHERE p.id IN (
     SELECT parent.id
     FROM postjob.postjobs child
@@ -232,10 +234,10 @@ DECLARE
   v_retry boolean;
 BEGIN
   IF EXISTS (SELECT 1 FROM postjob.postjobs
-             WHERE status = 'processing' AND lease_expires_at <= now()) THEN
+             WHERE status = 'processing' AND lease_expires_at <= statement_timestamp()) THEN
     WITH expired AS (
       SELECT id FROM postjob.postjobs
-      WHERE status = 'processing' AND lease_expires_at <= now()
+      WHERE status = 'processing' AND lease_expires_at <= statement_timestamp()
       ORDER BY lease_expires_at
       LIMIT p_limit
       FOR UPDATE SKIP LOCKED
@@ -249,14 +251,14 @@ BEGIN
           COALESCE(j.processing_client_identifier, j.processing_client, 'unknown') || ')',
         error_backtrace = NULL,
         next_run_at = CASE WHEN j.failed_attempts + 1 < j.max_attempts
-                           THEN now() + postjob._backoff(j.failed_attempts + 1, p_fast_mode) END,
+                           THEN statement_timestamp() + postjob._backoff(j.failed_attempts + 1, p_fast_mode) END,
         processing_client = NULL,
         processing_client_identifier = NULL,
         processing_started_at = NULL,
         processing_max_duration = NULL,
         lease_expires_at = NULL,
         lease_token = NULL,
-        updated_at = now()
+        updated_at = statement_timestamp()
       FROM expired WHERE j.id = expired.id
       RETURNING j.id, j.status
     )
@@ -272,10 +274,10 @@ BEGIN
   END IF;
 
   IF EXISTS (SELECT 1 FROM postjob.postjobs
-             WHERE status IN ('ready', 'err', 'sleep') AND timing_out_at <= now()) THEN
+             WHERE status IN ('ready', 'err', 'sleep') AND timing_out_at <= statement_timestamp()) THEN
     WITH expired AS (
       SELECT id FROM postjob.postjobs
-      WHERE status IN ('ready', 'err', 'sleep') AND timing_out_at <= now()
+      WHERE status IN ('ready', 'err', 'sleep') AND timing_out_at <= statement_timestamp()
       ORDER BY timing_out_at
       LIMIT p_limit
       FOR UPDATE SKIP LOCKED
@@ -288,7 +290,7 @@ BEGIN
         error_backtrace = NULL,
         next_run_at = NULL,
         awaiting_id = NULL,
-        updated_at = now()
+        updated_at = statement_timestamp()
       FROM expired WHERE j.id = expired.id
       RETURNING j.id
     )
@@ -319,8 +321,8 @@ BEGIN
   WITH candidates AS (
     SELECT s.id FROM postjob.postjobs s
     WHERE s.status IN ('ready', 'err')
-      AND s.next_run_at <= now()
-      AND (s.timing_out_at IS NULL OR s.timing_out_at > now())
+      AND s.next_run_at <= statement_timestamp()
+      AND (s.timing_out_at IS NULL OR s.timing_out_at > statement_timestamp())
       AND (p_queues IS NULL OR s.queue = ANY (p_queues))
       AND EXISTS (SELECT 1 FROM unnest(p_workflows, p_versions) AS w(name, version)
                   WHERE w.name = s.workflow
@@ -338,11 +340,11 @@ BEGIN
     awaiting_id = NULL,
     processing_client = host(inet_client_addr()) || ':' || inet_client_port(),
     processing_client_identifier = postjob._client_identifier(),
-    processing_started_at = now(),
+    processing_started_at = statement_timestamp(),
     processing_max_duration = p_lease,
-    lease_expires_at = now() + p_lease * interval '1 second',
+    lease_expires_at = statement_timestamp() + p_lease * interval '1 second',
     lease_token = nextval('postjob.lease_tokens'),
-    updated_at = now()
+    updated_at = statement_timestamp()
   FROM candidates c
   WHERE j.id = c.id
   RETURNING j.*;
@@ -367,7 +369,7 @@ RETURNS double precision LANGUAGE sql STABLE AS $$
         AND EXISTS (SELECT 1 FROM unnest(p_workflows, p_versions) AS w(name, version)
                     WHERE w.name = s.workflow
                       AND (s.workflow_version = '' OR s.workflow_version = w.version)))
-  ) - now())::double precision
+  ) - statement_timestamp())::double precision
 $$;
 
 -- Extend the leases of running jobs (the worker's heartbeat). Returns how many still held.
@@ -376,8 +378,8 @@ CREATE FUNCTION postjob.extend_leases(
 RETURNS integer LANGUAGE sql AS $$
   WITH extended AS (
     UPDATE postjob.postjobs j SET
-      lease_expires_at = now() + p_lease * interval '1 second',
-      processing_max_duration = EXTRACT(EPOCH FROM now() - j.processing_started_at) + p_lease
+      lease_expires_at = statement_timestamp() + p_lease * interval '1 second',
+      processing_max_duration = EXTRACT(EPOCH FROM statement_timestamp() - j.processing_started_at) + p_lease
     FROM unnest(p_ids, p_lease_tokens) AS h(id, lease_token)
     WHERE j.id = h.id AND j.status = 'processing' AND j.lease_token = h.lease_token
     RETURNING 1
@@ -445,8 +447,8 @@ BEGIN
       failed_attempts = j.failed_attempts
         + CASE WHEN d.outcome IN ('err', 'failed') THEN 1 ELSE 0 END,
       next_run_at = CASE
-        WHEN d.new_status = 'err' THEN now() + postjob._backoff(j.failed_attempts + 1, p_fast_mode)
-        WHEN d.new_status = 'ready' THEN now()
+        WHEN d.new_status = 'err' THEN statement_timestamp() + postjob._backoff(j.failed_attempts + 1, p_fast_mode)
+        WHEN d.new_status = 'ready' THEN statement_timestamp()
       END,
       awaiting_id = CASE WHEN d.new_status = 'sleep' THEN d.awaiting END,
       workflow_version = COALESCE(d.version, j.workflow_version),
@@ -456,7 +458,7 @@ BEGIN
       processing_max_duration = NULL,
       lease_expires_at = NULL,
       lease_token = NULL,
-      updated_at = now()
+      updated_at = statement_timestamp()
     FROM decided d
     WHERE j.id = d.id AND j.status = 'processing' AND j.lease_token = d.lease_token
     RETURNING j.id, j.status
@@ -557,7 +559,7 @@ BEGIN
     error_message = CASE WHEN p_error IS NOT NULL THEN COALESCE(p_message, p_error) END,
     failed_attempts = failed_attempts + CASE WHEN p_error IS NULL THEN 0 ELSE 1 END,
     next_run_at = NULL,
-    updated_at = now()
+    updated_at = statement_timestamp()
   WHERE id = v_job.id;
   PERFORM postjob._jobs_ended(
     ARRAY[v_job.id], CASE WHEN p_error IS NULL THEN '{}'::bigint[] ELSE ARRAY[v_job.id] END);
@@ -580,9 +582,9 @@ BEGIN
   ), reset AS (
     UPDATE postjob.postjobs j SET
       status = 'ready',
-      next_run_at = now(),
+      next_run_at = statement_timestamp(),
       timing_out_at = CASE WHEN j.timeout IS NOT NULL
-                           THEN now() + j.timeout * interval '1 second' END,
+                           THEN statement_timestamp() + j.timeout * interval '1 second' END,
       results = NULL,
       failed_attempts = 0,
       error = NULL,
@@ -595,7 +597,7 @@ BEGIN
       processing_max_duration = NULL,
       lease_expires_at = NULL,
       lease_token = NULL,
-      updated_at = now()
+      updated_at = statement_timestamp()
     FROM targets t WHERE j.id = t.id
     RETURNING j.id
   )
@@ -614,9 +616,9 @@ CREATE FUNCTION postjob.force_job(p_id bigint) RETURNS boolean LANGUAGE plpgsql 
 BEGIN
   UPDATE postjob.postjobs SET
     status = CASE WHEN status = 'sleep' THEN 'ready'::postjob.statuses ELSE status END,
-    next_run_at = now(),
+    next_run_at = statement_timestamp(),
     awaiting_id = NULL,
-    updated_at = now()
+    updated_at = statement_timestamp()
   WHERE id = p_id AND status IN ('ready', 'err', 'sleep');
   IF FOUND THEN
     PERFORM pg_notify('postjob_notifications', '');

@@ -1,0 +1,266 @@
+"""What a run's end does to its job: ok, retries with back-off, failure, timeouts, zombies,
+fencing of late writes, reset, force and reap."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+import postjob_sa
+from postjob_sa import InvalidJobState, Job, JobNotFound, JobQueue, Registry, Status
+
+reg = Registry()
+calls: list[str] = []
+
+
+@postjob_sa.workflow(name="out.ok", version="1.2", registry=reg)
+def ok(x: object) -> object:
+    return {"echo": x}
+
+
+@postjob_sa.workflow(name="out.flaky", max_attempts=3, registry=reg)
+def flaky() -> None:
+    calls.append("flaky")
+    raise RuntimeError("boom")
+
+
+@postjob_sa.workflow(name="out.fatal", registry=reg)
+def fatal() -> None:
+    raise postjob_sa.NonRecoverable("hopeless")
+
+
+@postjob_sa.workflow(name="out.weird_result", registry=reg)
+def weird_result() -> object:
+    return {1, 2}
+
+
+@postjob_sa.workflow(name="out.nan_result", registry=reg)
+def nan_result() -> float:
+    return float("nan")
+
+
+@postjob_sa.workflow(name="out.none", registry=reg)
+def none() -> None:
+    return None
+
+
+def _q(session: Session, **kw: object) -> JobQueue:
+    return JobQueue(session, registry=reg, **kw)  # type: ignore[arg-type]
+
+
+def _job(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    assert job is not None
+    session.refresh(job)
+    return job
+
+
+def test_ok_stores_the_result_as_a_one_element_array_and_stamps_the_version(session: Session) -> None:
+    q = _q(session, fast_mode=True)
+    job = q.enqueue(ok, [1, "a"])
+    nothing = q.enqueue(none)
+    session.commit()
+    assert q.drain() == 2
+    job, nothing = _job(session, job.id), _job(session, nothing.id)
+    assert job.status is Status.ok and job.results == [{"echo": [1, "a"]}]
+    assert job.workflow_version == "1.2" and job.next_run_at is None
+    assert job.processing_started_at is None and job.lease_token is None
+    assert nothing.status is Status.ok and nothing.results == [None]
+
+
+def test_recoverable_errors_back_off_by_the_formula_then_fail(session: Session) -> None:
+    q = _q(session)  # normal mode: base 10 s
+    job = q.enqueue(flaky)
+    session.commit()
+    assert q.step() == job.id
+    job = _job(session, job.id)
+    assert job.status is Status.err and job.failed_attempts == 1
+    assert job.error == "RuntimeError" and job.error_message == "boom"
+    assert job.error_backtrace and any("in flaky" in f for f in job.error_backtrace)
+    delay = (job.next_run_at - job.updated_at).total_seconds()  # type: ignore[operator]
+    assert delay == pytest.approx(10 * 1.5**1, abs=0.01)
+    # make it due and run again: second delay is 10 * 1.5**2
+    session.execute(text("UPDATE postjob.postjobs SET next_run_at = now() WHERE id = :i"), {"i": job.id})
+    session.commit()
+    assert q.step() == job.id
+    job = _job(session, job.id)
+    assert job.failed_attempts == 2
+    delay = (job.next_run_at - job.updated_at).total_seconds()  # type: ignore[operator]
+    assert delay == pytest.approx(10 * 1.5**2, abs=0.01)
+    session.execute(text("UPDATE postjob.postjobs SET next_run_at = now() WHERE id = :i"), {"i": job.id})
+    session.commit()
+    assert q.step() == job.id
+    job = _job(session, job.id)
+    assert job.status is Status.failed and job.failed_attempts == 3 and job.next_run_at is None
+
+
+def test_fast_mode_retries_until_max_attempts(session: Session) -> None:
+    calls.clear()
+    q = _q(session, fast_mode=True)
+    job = q.enqueue(flaky)
+    session.commit()
+    deadline = time.monotonic() + 10
+    while _job(session, job.id).status is not Status.failed and time.monotonic() < deadline:
+        q.drain()
+        time.sleep(0.02)
+    assert _job(session, job.id).status is Status.failed
+    assert calls == ["flaky"] * 3
+
+
+def test_non_recoverable_fails_at_once(session: Session) -> None:
+    q = _q(session, fast_mode=True)
+    job = q.enqueue(fatal, max_attempts=5)
+    session.commit()
+    q.drain()
+    job = _job(session, job.id)
+    assert job.status is Status.failed and job.failed_attempts == 1
+    assert job.error == "postjob_sa.errors.NonRecoverable" and job.error_message == "hopeless"
+
+
+@pytest.mark.parametrize("wf", [weird_result, nan_result])
+def test_a_result_that_is_not_json_fails_the_job_clearly(session: Session, wf: postjob_sa.Workflow) -> None:  # type: ignore[type-arg]
+    q = _q(session, fast_mode=True)
+    job = q.enqueue(wf)
+    session.commit()
+    q.drain()
+    job = _job(session, job.id)
+    assert job.status is Status.failed and job.error == "postjob_sa.errors.ResultNotJSON"
+    assert "not JSON" in (job.error_message or "")
+
+
+def test_timeout_is_reaped_before_the_job_would_run(session: Session) -> None:
+    q = _q(session, fast_mode=True)
+    job = q.enqueue(ok, 1, timeout=0.05)
+    session.commit()
+    time.sleep(0.1)
+    assert q.drain() == 0
+    job = _job(session, job.id)
+    assert job.status is Status.timeout and job.error == "Timeout" and job.failed_attempts == 1
+
+
+def test_reap_without_a_worker(session: Session) -> None:
+    q = _q(session, fast_mode=True)
+    job = q.enqueue(ok, 1, timeout=0.01)
+    session.commit()
+    time.sleep(0.05)
+    assert q.reap() == 1
+    session.commit()
+    assert _job(session, job.id).status is Status.timeout
+    assert q.reap() == 0
+
+
+def test_an_expired_lease_is_reaped_as_a_zombie_and_the_late_write_is_rejected(
+    engine: Engine, session: Session
+) -> None:
+    q = _q(session, fast_mode=True, lease=0.05)
+    job = q.enqueue(ok, 1)
+    session.commit()
+    (stale,) = q.checkout()
+    old_token = stale.lease_token
+    session.commit()
+    time.sleep(0.1)
+    assert q.reap() == 1
+    session.commit()
+    job = _job(session, job.id)
+    assert job.status is Status.err and job.error == "Zombie" and job.failed_attempts == 1
+    # the job runs again under a new lease ...
+    time.sleep(0.05)
+    (fresh,) = q.checkout()
+    assert fresh.lease_token != old_token
+    session.commit()
+    # ... and the original worker's late result is fenced off
+    with engine.begin() as conn:
+        ok_written = conn.execute(
+            text("SELECT postjob.set_job_result(:id, :lease, '[\"late\"]', NULL)"),
+            {"id": job.id, "lease": old_token},
+        ).scalar()
+    assert ok_written is False
+    assert _job(session, job.id).status is Status.processing
+    q.complete(fresh, "fresh")
+    session.commit()
+    assert _job(session, job.id).result == "fresh"
+
+
+def test_heartbeat_keeps_a_long_job_alive(session: Session) -> None:
+    seen: list[float] = []
+
+    def long_job() -> str:
+        time.sleep(0.5)
+        return "done"
+
+    r = Registry()
+    r.add(postjob_sa.Workflow(long_job, name="out.long"))
+    q = JobQueue(session, fast_mode=True, lease=0.2, registry=r)
+    job = q.enqueue("out.long")
+    session.commit()
+    assert q.drain() == 1
+    job = _job(session, job.id)
+    assert job.status is Status.ok and job.failed_attempts == 0, (job.error, seen)
+
+
+def test_reset_gives_a_timed_out_job_a_fresh_deadline(session: Session) -> None:
+    q = _q(session, fast_mode=True)
+    job = q.enqueue(ok, 1, timeout=0.05)
+    session.commit()
+    time.sleep(0.1)
+    q.reap()
+    session.commit()
+    assert _job(session, job.id).status is Status.timeout
+    assert q.reset(job.id) == [job.id]
+    session.commit()
+    job = _job(session, job.id)
+    assert job.status is Status.ready and job.failed_attempts == 0 and job.error is None
+    assert job.timing_out_at is not None and job.timing_out_at > job.updated_at
+    assert job.timing_out_at - job.updated_at == timedelta(seconds=0.05)
+    assert q.drain() == 1
+    assert _job(session, job.id).status is Status.ok
+
+
+def test_reset_and_force_reject_unknown_ids_and_leave_the_session_usable(session: Session) -> None:
+    q = _q(session, fast_mode=True)
+    job = q.enqueue(ok, 1)
+    with pytest.raises(JobNotFound, match="999"):
+        q.reset(job.id, 999)
+    with pytest.raises(JobNotFound):
+        q.force(999)
+    with pytest.raises(postjob_sa.InvalidArgument):
+        q.reset()
+    with pytest.raises(postjob_sa.InvalidArgument):
+        q.force(-1)
+    session.commit()
+    assert _job(session, job.id).status is Status.ready
+
+
+def test_force_runs_a_waiting_job_now(session: Session) -> None:
+    q = _q(session, fast_mode=True)
+    later = q.enqueue(ok, 1, run_at=__import__("datetime").datetime.now(__import__("datetime").timezone.utc) + timedelta(hours=1))
+    session.commit()
+    assert q.drain() == 0
+    q.force(later.id)
+    session.commit()
+    assert q.drain() == 1
+    with pytest.raises(InvalidJobState, match="ok"):
+        q.force(later.id)
+
+
+def test_one_update_per_transition(engine: Engine, session: Session) -> None:
+    q = _q(session, fast_mode=True)
+    job = q.enqueue(ok, 1)
+    session.commit()
+    with engine.connect() as conn:
+        before = conn.execute(text(
+            "SELECT n_tup_upd FROM pg_stat_user_tables WHERE schemaname = 'postjob' AND relname = 'postjobs'"
+        )).scalar()
+    q.drain()
+    time.sleep(0.6)  # statistics are flushed asynchronously
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+        after = conn.execute(text(
+            "SELECT n_tup_upd FROM pg_stat_user_tables WHERE schemaname = 'postjob' AND relname = 'postjobs'"
+        )).scalar()
+    assert _job(session, job.id).status is Status.ok
+    assert after - before == 2  # checkout, result
