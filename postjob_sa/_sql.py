@@ -11,26 +11,27 @@ from sqlalchemy import text
 
 # -- worker (psycopg2, autocommit) -----------------------------------------------------------
 
-#: Columns the worker needs of a checked-out job.
-RUN_COLUMNS = (
-    "id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, parent_id"
+#: The worker's hot path as server-side prepared statements (parsed and planned once per
+#: connection): finish the previous batch and check out the next in one round trip.
+WORKER_PREPARE_DBAPI = (
+    "PREPARE postjob_cycle (bigint[], bigint[], text[], jsonb[], text[], text[], jsonb[], "
+    "text[], bigint[], text[], text[], text[], integer, double precision, boolean) AS "
+    "SELECT id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, "
+    "parent_id FROM postjob.finish_and_checkout("
+    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15); "
+    "PREPARE postjob_time_to_next (text[], text[], text[]) AS "
+    "SELECT postjob.time_to_next_job($1, $2, $3)"
 )
 
-JOB_CHECKOUT_DBAPI = (
-    f"SELECT {RUN_COLUMNS} FROM postjob.checkout("  # noqa: S608 - a constant column list
-    "%(workflows)s::text[], %(versions)s::text[], %(queues)s::text[], "
-    "%(limit)s, %(lease)s, %(fast)s)"
-)
-
-JOB_FINISH_DBAPI = (
-    "SELECT postjob.finish_jobs(%(ids)s::bigint[], %(leases)s::bigint[], %(outcomes)s::text[], "
+WORKER_CYCLE_DBAPI = (
+    "EXECUTE postjob_cycle (%(ids)s::bigint[], %(leases)s::bigint[], %(outcomes)s::text[], "
     "%(results)s::jsonb[], %(errors)s::text[], %(messages)s::text[], %(backtraces)s::jsonb[], "
-    "%(versions)s::text[], %(awaiting)s::bigint[], %(fast)s)"
+    "%(versions)s::text[], %(awaiting)s::bigint[], %(workflows)s::text[], "
+    "%(workflow_versions)s::text[], %(queues)s::text[], %(limit)s, %(lease)s, %(fast)s)"
 )
 
-JOB_TIME_TO_NEXT_DBAPI = (
-    "SELECT postjob.time_to_next_job(%(workflows)s::text[], %(versions)s::text[], "
-    "%(queues)s::text[])"
+WORKER_TIME_TO_NEXT_DBAPI = (
+    "EXECUTE postjob_time_to_next (%(workflows)s::text[], %(versions)s::text[], %(queues)s::text[])"
 )
 
 LEASE_EXTEND_DBAPI = (
@@ -74,6 +75,14 @@ WORKFLOW_STATUS_SET_DBAPI = (
 )
 
 # -- the Session-bound API -------------------------------------------------------------------
+
+JOB_ENQUEUE = text(
+    "INSERT INTO postjob.postjobs (workflow, args, queue, max_attempts, timeout, "
+    "workflow_version, tags, parent_id, next_run_at) "
+    "VALUES (:workflow, CAST(:args AS jsonb), :queue, :max_attempts, :timeout, :version, "
+    "CAST(:tags AS jsonb), :parent_id, COALESCE(:run_at, now())) "
+    "RETURNING id, root_id, full_id, created_at, next_run_at, timing_out_at"
+)
 
 JOB_ENQUEUE_MANY = text(
     "INSERT INTO postjob.postjobs (id, root_id, full_id, queue, workflow, workflow_version, "

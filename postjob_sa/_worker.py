@@ -119,6 +119,7 @@ class Worker:
                     f"{head_revision()}: {MIGRATE_HINT}"
                 )
             cur.execute(_sql.CLIENT_IDENTIFIER_SET_DBAPI, {"identifier": self.q.identifier})
+            cur.execute(_sql.WORKER_PREPARE_DBAPI)
 
     def _disconnect(self) -> None:
         close_quietly(self.conn)
@@ -187,7 +188,7 @@ class Worker:
         names, versions = self.lease_pairs[0] + self.tx_pairs[0], self.lease_pairs[1] + self.tx_pairs[1]
         with self.conn.cursor() as cur:
             cur.execute(
-                _sql.JOB_TIME_TO_NEXT_DBAPI,
+                _sql.WORKER_TIME_TO_NEXT_DBAPI,
                 {"workflows": names, "versions": versions, "queues": self.opts.queues},
             )
             ttnj = cur.fetchone()[0]
@@ -212,23 +213,35 @@ class Worker:
             limit = min(limit, self.opts.count - self.processed)
         return max(limit, 1)
 
-    def _lease_batch(self) -> int:
+    def _cycle(self, limit: int) -> list[Any]:
+        """Record the buffered outcomes and check out up to ``limit`` jobs: one round trip."""
+        batch = self.buffer
         names, versions = self.lease_pairs
+        params = finish_params(batch, self.q.fast_mode)
+        params.update(
+            workflows=names, workflow_versions=versions, queues=self.opts.queues,
+            limit=limit, lease=self.q.lease,
+        )
         with self.conn.cursor() as cur:
-            cur.execute(
-                _sql.JOB_CHECKOUT_DBAPI,
-                {
-                    "workflows": names,
-                    "versions": versions,
-                    "queues": self.opts.queues,
-                    "limit": self._remaining(),
-                    "lease": self.q.lease,
-                    "fast": self.q.fast_mode,
-                },
-            )
-            rows = cur.fetchall()
+            cur.execute(_sql.WORKER_CYCLE_DBAPI, params)
+            rows: list[Any] = cur.fetchall()
+        self.buffer = []
+        if batch:
+            self.heartbeat.release([o.job_id for o in batch])
+        if self.conn.notices:
+            for notice in self.conn.notices:
+                log.warning("%s (reaped, reset or resolved meanwhile: outcome not recorded)",
+                            notice.strip().removeprefix("NOTICE:  "))
+            self.conn.notices.clear()
+        return rows
+
+    def _flush(self) -> None:
+        if self.buffer and self.conn is not None:
+            self._cycle(0)
+
+    def _lease_batch(self) -> int:
+        rows = self._cycle(self._remaining())
         if not rows:
-            self._flush()
             return 0
         jobs = [_running_job(r) for r in rows]
         self.heartbeat.hold({j.id: j.lease_token for j in jobs if j.lease_token is not None})
@@ -252,7 +265,6 @@ class Worker:
             finally:
                 self._in_job = False
             self._record(outcome, time.monotonic() - started)
-        self._flush()
         return len(jobs)
 
     def _record(self, outcome: Outcome, took: float) -> None:
@@ -269,22 +281,6 @@ class Worker:
     def _release(self, jobs: list[RunningJob]) -> None:
         for job in jobs:
             self.buffer.append(Outcome(job.id, job.lease_token, "release"))
-
-    def _flush(self) -> None:
-        if not self.buffer or self.conn is None:
-            return
-        batch = self.buffer
-        with self.conn.cursor() as cur:
-            cur.execute(_sql.JOB_FINISH_DBAPI, finish_params(batch, self.q.fast_mode))
-            accepted = set(cur.fetchone()[0])
-        self.buffer = []
-        self.heartbeat.release([o.job_id for o in batch])
-        for o in batch:
-            if o.job_id not in accepted:
-                log.warning(
-                    "job %s: the lease was lost (reaped, reset or resolved meanwhile); "
-                    "outcome %r not recorded", o.job_id, o.kind,
-                )
 
     # -- transactional mode ------------------------------------------------------------------
 

@@ -151,12 +151,20 @@ class Job(Base):
             unique=True,
             postgresql_where=text("parent_id IS NOT NULL"),
         ),
-        Index("postjobs_root_id_idx", "root_id"),
+        # trees (children only: a root is found by its id)
+        Index(
+            "postjobs_tree_idx",
+            "root_id",
+            "full_id",
+            postgresql_ops={"full_id": "text_pattern_ops"},
+            postgresql_where=text("parent_id IS NOT NULL"),
+        ),
         Index(
             "postjobs_tags_idx",
             "tags",
             postgresql_using="gin",
             postgresql_ops={"tags": "jsonb_path_ops"},
+            postgresql_where=text("tags IS NOT NULL"),
         ),
         {"schema": SCHEMA},
     )

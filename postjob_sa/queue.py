@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, insert, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from postjob_sa import _sql, _validate
 from postjob_sa._connections import engine_of, worker_identifier
@@ -106,20 +106,31 @@ class JobQueue:
         opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
         if parent_id is not None:
             self._require_job(_validate.job_id(parent_id))
-        values: dict[str, Any] = {
-            "workflow": name,
-            "args": json.loads(args_json),
-            "queue": opts["queue"],
-            "max_attempts": opts["max_attempts"],
-            "timeout": opts["timeout"],
-            "workflow_version": opts["workflow_version"],
-            "parent_id": parent_id,
-            "tags": json.loads(opts["tags"]) if opts["tags"] else None,
-        }
-        if opts["run_at"] is not None:
-            values["next_run_at"] = opts["run_at"]
-        stmt = insert(Job).values(**values).returning(Job)
-        job: Job = self.session.scalars(stmt).one()
+        row = self.session.execute(
+            _sql.JOB_ENQUEUE,
+            {
+                "workflow": name, "args": args_json, "queue": opts["queue"],
+                "max_attempts": opts["max_attempts"], "timeout": opts["timeout"],
+                "version": opts["workflow_version"], "tags": opts["tags"],
+                "parent_id": parent_id, "run_at": opts["run_at"],
+            },
+        ).one()
+        # The row is known in full: hand back a persistent Job without another query.
+        job = Job(
+            id=row.id, parent_id=parent_id, root_id=row.root_id, full_id=row.full_id,
+            created_at=row.created_at, updated_at=row.created_at, queue=opts["queue"],
+            workflow=name, workflow_method="run", workflow_version=opts["workflow_version"],
+            args=json.loads(args_json), status=Status.ready, next_run_at=row.next_run_at,
+            timeout=opts["timeout"], timing_out_at=row.timing_out_at, failed_attempts=0,
+            max_attempts=opts["max_attempts"], results=None, error=None, error_message=None,
+            error_backtrace=None, workflow_status=None,
+            tags=json.loads(opts["tags"]) if opts["tags"] else None, awaiting_id=None,
+            processing_client=None, processing_client_identifier=None,
+            processing_started_at=None, processing_max_duration=None, lease_expires_at=None,
+            lease_token=None,
+        )
+        make_transient_to_detached(job)
+        self.session.add(job)
         return job
 
     def enqueue_many(

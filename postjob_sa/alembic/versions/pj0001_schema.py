@@ -75,8 +75,12 @@ CREATE INDEX postjobs_lease_idx ON postjob.postjobs (lease_expires_at)
 CREATE UNIQUE INDEX postjobs_child_key_idx
   ON postjob.postjobs (parent_id, workflow, workflow_method, md5(args::text))
   WHERE parent_id IS NOT NULL;
-CREATE INDEX postjobs_root_id_idx ON postjob.postjobs (root_id);
-CREATE INDEX postjobs_tags_idx ON postjob.postjobs USING gin (tags jsonb_path_ops);
+-- Trees: only children need it (a root is found by its id); tags: only tagged jobs.
+-- Partial indexes keep the non-HOT updates of untagged root jobs cheap.
+CREATE INDEX postjobs_tree_idx ON postjob.postjobs (root_id, full_id text_pattern_ops)
+  WHERE parent_id IS NOT NULL;
+CREATE INDEX postjobs_tags_idx ON postjob.postjobs USING gin (tags jsonb_path_ops)
+  WHERE tags IS NOT NULL;
 
 CREATE TABLE postjob.tokens (
   id          bigserial PRIMARY KEY,
@@ -196,6 +200,7 @@ BEGIN
       updated_at = statement_timestamp()
     FROM postjob.postjobs a
     WHERE a.id = ANY (p_failed_ids)
+      AND d.parent_id IS NOT NULL
       AND d.root_id = a.root_id
       AND d.full_id LIKE a.full_id || '.%'
       AND d.status NOT IN ('ok', 'failed', 'timeout');
@@ -421,13 +426,9 @@ BEGIN
     WHERE c.status IN ('ok', 'failed', 'timeout');
   END IF;
 
-  WITH input AS (
-    SELECT * FROM unnest(p_ids, p_lease_tokens, p_outcomes, p_results, p_errors, p_messages,
-                         p_backtraces, p_versions, p_awaiting)
-      AS i(id, lease_token, outcome, result, error, message, backtrace, version, awaiting)
-  ), decided AS (
-    SELECT i.*, j.failed_attempts, j.max_attempts,
-      CASE
+  WITH updated AS (
+    UPDATE postjob.postjobs j SET
+      status = (CASE
         WHEN i.outcome = 'ok' THEN 'ok'
         WHEN i.outcome = 'failed' THEN 'failed'
         WHEN i.outcome = 'err' AND j.failed_attempts + 1 < j.max_attempts THEN 'err'
@@ -435,23 +436,22 @@ BEGIN
         WHEN i.outcome = 'sleep' AND i.awaiting = ANY (v_awaited_final) THEN 'ready'
         WHEN i.outcome = 'sleep' THEN 'sleep'
         WHEN i.outcome = 'release' THEN 'ready'
-      END AS new_status
-    FROM input i JOIN postjob.postjobs j ON j.id = i.id
-  ), updated AS (
-    UPDATE postjob.postjobs j SET
-      status = d.new_status::postjob.statuses,
-      results = CASE WHEN d.outcome = 'ok' THEN d.result END,
-      error = CASE WHEN d.outcome IN ('err', 'failed') THEN d.error END,
-      error_message = CASE WHEN d.outcome IN ('err', 'failed') THEN d.message END,
-      error_backtrace = CASE WHEN d.outcome IN ('err', 'failed') THEN d.backtrace END,
+      END)::postjob.statuses,
+      results = CASE WHEN i.outcome = 'ok' THEN i.result END,
+      error = CASE WHEN i.outcome IN ('err', 'failed') THEN i.error END,
+      error_message = CASE WHEN i.outcome IN ('err', 'failed') THEN i.message END,
+      error_backtrace = CASE WHEN i.outcome IN ('err', 'failed') THEN i.backtrace END,
       failed_attempts = j.failed_attempts
-        + CASE WHEN d.outcome IN ('err', 'failed') THEN 1 ELSE 0 END,
+        + CASE WHEN i.outcome IN ('err', 'failed') THEN 1 ELSE 0 END,
       next_run_at = CASE
-        WHEN d.new_status = 'err' THEN statement_timestamp() + postjob._backoff(j.failed_attempts + 1, p_fast_mode)
-        WHEN d.new_status = 'ready' THEN statement_timestamp()
+        WHEN i.outcome = 'err' AND j.failed_attempts + 1 < j.max_attempts
+          THEN statement_timestamp() + postjob._backoff(j.failed_attempts + 1, p_fast_mode)
+        WHEN i.outcome = 'release' OR (i.outcome = 'sleep' AND i.awaiting = ANY (v_awaited_final))
+          THEN statement_timestamp()
       END,
-      awaiting_id = CASE WHEN d.new_status = 'sleep' THEN d.awaiting END,
-      workflow_version = COALESCE(d.version, j.workflow_version),
+      awaiting_id = CASE WHEN i.outcome = 'sleep' AND NOT (i.awaiting = ANY (v_awaited_final))
+                         THEN i.awaiting END,
+      workflow_version = COALESCE(i.version, j.workflow_version),
       processing_client = NULL,
       processing_client_identifier = NULL,
       processing_started_at = NULL,
@@ -459,12 +459,16 @@ BEGIN
       lease_expires_at = NULL,
       lease_token = NULL,
       updated_at = statement_timestamp()
-    FROM decided d
-    WHERE j.id = d.id AND j.status = 'processing' AND j.lease_token = d.lease_token
-    RETURNING j.id, j.status
+    FROM unnest(p_ids, p_lease_tokens, p_outcomes, p_results, p_errors, p_messages,
+                p_backtraces, p_versions, p_awaiting)
+      AS i(id, lease_token, outcome, result, error, message, backtrace, version, awaiting)
+    WHERE j.id = i.id AND j.status = 'processing' AND j.lease_token = i.lease_token
+    RETURNING j.id, j.status, j.parent_id
   )
   SELECT array_agg(id),
-         array_agg(id) FILTER (WHERE status IN ('ok', 'failed')),
+         -- a final job matters to its parent, and a failed one to its descendants
+         array_agg(id) FILTER (WHERE (parent_id IS NOT NULL AND status IN ('ok', 'failed'))
+                                  OR status = 'failed'),
          array_agg(id) FILTER (WHERE status = 'failed'),
          bool_or(status IN ('err', 'ready'))
     INTO v_accepted, v_final, v_failed, v_runnable
@@ -476,7 +480,42 @@ BEGIN
   IF v_runnable THEN
     PERFORM pg_notify('postjob_notifications', '');
   END IF;
+  IF cardinality(v_accepted) IS DISTINCT FROM cardinality(p_ids) THEN
+    RAISE NOTICE 'postjob: lease lost for jobs %',
+      (SELECT array_agg(x) FROM unnest(p_ids) x WHERE x <> ALL (COALESCE(v_accepted, '{}')));
+  END IF;
   RETURN COALESCE(v_accepted, '{}');
+END;
+$$;
+
+-- The worker's cycle in one round trip: record the outcomes of the previous batch, then
+-- check out the next one (one transaction per batch instead of two).
+CREATE FUNCTION postjob.finish_and_checkout(
+  p_ids bigint[],
+  p_lease_tokens bigint[],
+  p_outcomes text[],
+  p_results jsonb[],
+  p_errors text[],
+  p_messages text[],
+  p_backtraces jsonb[],
+  p_versions text[],
+  p_awaiting bigint[],
+  p_workflows text[],
+  p_workflow_versions text[],
+  p_queues text[],
+  p_limit integer,
+  p_lease double precision,
+  p_fast_mode boolean)
+RETURNS SETOF postjob.postjobs LANGUAGE plpgsql AS $$
+BEGIN
+  IF cardinality(p_ids) > 0 THEN
+    PERFORM postjob.finish_jobs(p_ids, p_lease_tokens, p_outcomes, p_results, p_errors,
+                                p_messages, p_backtraces, p_versions, p_awaiting, p_fast_mode);
+  END IF;
+  IF p_limit > 0 THEN
+    RETURN QUERY SELECT * FROM postjob.checkout(p_workflows, p_workflow_versions, p_queues,
+                                                p_limit, p_lease, p_fast_mode);
+  END IF;
 END;
 $$;
 
@@ -577,7 +616,8 @@ BEGIN
     SELECT j.id FROM postjob.postjobs j WHERE j.id = ANY (p_ids)
     UNION
     SELECT d.id FROM postjob.postjobs a
-      JOIN postjob.postjobs d ON d.root_id = a.root_id AND d.full_id LIKE a.full_id || '.%'
+      JOIN postjob.postjobs d ON d.parent_id IS NOT NULL AND d.root_id = a.root_id
+                              AND d.full_id LIKE a.full_id || '.%'
       WHERE a.id = ANY (p_ids) AND d.status IN ('failed', 'timeout')
   ), reset AS (
     UPDATE postjob.postjobs j SET
