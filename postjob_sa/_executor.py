@@ -67,9 +67,6 @@ def run_job(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
                 ctx.flush_children()
             except Exception as exc:  # the children could not be written: retry the run
                 return _error_outcome(ctx, wf, "err", exc)
-            failure = ctx.unobserved_failure()
-            if failure is not None:  # sleeping would wait on work that can no longer succeed
-                return _error_outcome(ctx, wf, "failed", failure)
             return Outcome(job.id, job.lease_token, "sleep", version=wf.version,
                            awaiting=pending.child_id)
         except NonRecoverable as exc:

@@ -77,12 +77,8 @@ class ChildHandle:
 
     @property
     def status(self) -> Status:
-        """The child's status as read in this run (reading a failed status handles it)."""
-        row = self._loaded()
-        status = Status(row["status"])
-        if status in FINAL_STATUSES and status is not Status.ok:
-            self._ctx.observed_failures.add(int(row["id"]))
-        return status
+        """The child's status as read in this run."""
+        return Status(self._loaded()["status"])
 
     @property
     def token(self) -> str:
@@ -101,7 +97,6 @@ class ChildHandle:
             results = row["results"]
             return results[0] if isinstance(results, list) and results else None
         if status in FINAL_STATUSES:
-            self._ctx.observed_failures.add(int(row["id"]))
             raise ChildFailed(row["id"], status.value, row["error"], row["error_message"])
         raise Pending(int(row["id"]))
 
@@ -113,9 +108,6 @@ class _RunContext:
     session: Any = None
     _children: dict[_ChildKey, dict[str, Any]] | None = None
     pending: dict[_ChildKey, _ChildSpec] = field(default_factory=dict)
-    #: The children spawned in this run, and the failed ones its code has looked at.
-    spawned: set[_ChildKey] = field(default_factory=set)
-    observed_failures: set[int] = field(default_factory=set)
 
     def execute(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         cur = self.cursor_factory()
@@ -161,17 +153,6 @@ class _RunContext:
                "error": error, "error_message": message}
         self.children[key] = row
         return row
-
-    def unobserved_failure(self) -> ChildFailed | None:
-        """A child spawned in this run that failed or timed out while the code never looked
-        at it (``result()`` or ``status``): a parent about to sleep fails with it instead."""
-        if self._children is None:
-            return None
-        rows = [self._children[k] for k in self.spawned if k in self._children]
-        for row in sorted(rows, key=lambda r: int(r["id"])):
-            if row["status"] in ("failed", "timeout") and int(row["id"]) not in self.observed_failures:
-                return ChildFailed(int(row["id"]), row["status"], row["error"], row["error_message"])
-        return None
 
     def flush_children(self) -> None:
         """Insert the children spawned in this run that do not exist yet (one statement)."""
@@ -248,7 +229,6 @@ def spawn_child(
         timeout=_validate.seconds(timeout, "timeout"),
     )
     key = (spec.workflow, _canonical(json.loads(args_json)))
-    ctx.spawned.add(key)
     row = ctx.children.get(key)
     if row is None and key not in ctx.pending:
         ctx.pending[key] = spec

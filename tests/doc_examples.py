@@ -52,14 +52,10 @@ def flaky_source(url: str) -> str:
 def report(urls: list[str]) -> dict[str, Any]:
     sources = {u: flaky_source.spawn(u) for u in urls}
     out: dict[str, Any] = {}
-    for url, child in sources.items():  # look at every child before waiting on any
-        if child.status in (postjob_sa.Status.failed, postjob_sa.Status.timeout):
-            out[url] = f"unavailable ({child.status})"
     for url, child in sources.items():
-        if url not in out:
-            try:
-                out[url] = child.result()
-            except ChildFailed as exc:  # failed while we waited: carry on without it
-                out[url] = f"unavailable ({exc.status})"
+        try:
+            out[url] = child.result()
+        except ChildFailed as exc:  # handled here, whenever it failed: carry on without it
+            out[url] = f"unavailable ({exc.status})"
     return out
 # --- end ---

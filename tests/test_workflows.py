@@ -247,18 +247,25 @@ def test_timed_out_child_fails_its_parent(queue: JobQueue, session: Session) -> 
     assert "timeout" in p["error_message"]
 
 
-def test_a_failing_sibling_does_not_leave_the_parent_asleep(queue: JobQueue, session: Session) -> None:
-    """The parent waits on a manual step nobody resolves; its other child fails: the parent
-    must not sleep on (forever): it fails with the sibling's ChildFailed, and the cascade times
-    out the manual step."""
+def test_a_failing_sibling_wakes_the_parent_which_sleeps_on_until_its_own_wait_ends(
+    queue: JobQueue, session: Session
+) -> None:
+    """The parent waits on a manual step; its other child fails: the failure wakes the parent
+    (it re-runs), which sleeps again on the step it waits for; resolving the step ends it."""
     parent = _run(queue, session, manual_and_failing_sibling)
     p = row(session, parent)
-    assert p["status"] == "failed", p
-    assert p["error"] == "postjob_sa.errors.ChildFailed"
+    assert p["status"] == "sleep", p
     kids = {k["workflow"]: k for k in children(session, parent)}
     assert kids["wf.boom"]["status"] == "failed"
-    assert f"child job {kids['wf.boom']['id']} failed" in p["error_message"]
-    assert kids["__manual__"]["status"] == "timeout"
+    assert p["awaiting_id"] == kids["__manual__"]["id"]
+    token = session.execute(
+        text("SELECT postjob.manual_token(:i)"), {"i": kids["__manual__"]["id"]}
+    ).scalar_one()
+    queue.resolve(token, "open")
+    session.commit()
+    queue.drain()
+    p = row(session, parent)
+    assert p["status"] == "ok" and p["results"] == ["open"]
 
 
 # -- manual steps and tokens ------------------------------------------------------------------------

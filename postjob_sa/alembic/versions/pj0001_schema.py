@@ -176,12 +176,15 @@ RETURNS SETOF postjob.postjobs LANGUAGE sql AS $$
 $$;
 
 -- What happens when jobs reach a final state: the non-final descendants of failed and
--- timed-out jobs are timed out (no orphan work keeps running), and sleeping parents that
--- wait for one of these jobs (or that have a child that failed) become ready.
+-- timed-out jobs are timed out (no orphan work keeps running); sleeping parents that wait
+-- for one of these jobs (or that have a child that failed) become ready; processing parents
+-- of a failed or timed-out child are marked (next_run_at = now, unused while processing) so
+-- that their coming 'sleep' turns into 'ready' (see finish_jobs).
 CREATE FUNCTION postjob._jobs_ended(p_final_ids bigint[], p_failed_ids bigint[])
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-  v_woken integer;
+  v_wake bigint[];
+  v_mark bigint[];
 BEGIN
   IF cardinality(p_failed_ids) > 0 THEN
     UPDATE postjob.postjobs d SET
@@ -206,23 +209,34 @@ BEGIN
       AND d.status NOT IN ('ok', 'failed', 'timeout');
   END IF;
 
-  UPDATE postjob.postjobs p SET
-    status = 'ready',
-    next_run_at = statement_timestamp(),
-    awaiting_id = NULL,
-    updated_at = statement_timestamp()
-  WHERE p.id IN (
-    SELECT parent.id
-    FROM postjob.postjobs child
-    JOIN postjob.postjobs parent ON parent.id = child.parent_id
-    WHERE child.id = ANY (p_final_ids)
-      AND parent.status = 'sleep'
-      AND (parent.awaiting_id = child.id OR child.status IN ('failed', 'timeout'))
-    ORDER BY parent.id
-    FOR UPDATE OF parent
-  );
-  GET DIAGNOSTICS v_woken = ROW_COUNT;
-  IF v_woken > 0 THEN
+  -- Lock the parents to wake or mark (the lock re-reads a parent whose own finish is
+  -- committing), in id order (no deadlocks between batches), then update them by id.
+  SELECT array_agg(l.id) FILTER (WHERE l.status = 'sleep'),
+         array_agg(l.id) FILTER (WHERE l.status = 'processing')
+    INTO v_wake, v_mark
+    FROM (
+      SELECT parent.id, parent.status
+      FROM postjob.postjobs child
+      JOIN postjob.postjobs parent ON parent.id = child.parent_id
+      WHERE child.id = ANY (p_final_ids)
+        AND ((parent.status = 'sleep'
+              AND (parent.awaiting_id = child.id OR child.status IN ('failed', 'timeout')))
+          OR (parent.status = 'processing' AND child.status IN ('failed', 'timeout')))
+      ORDER BY parent.id
+      FOR UPDATE OF parent
+    ) l;
+
+  IF v_mark IS NOT NULL THEN
+    UPDATE postjob.postjobs SET next_run_at = statement_timestamp()
+    WHERE id = ANY (v_mark) AND status = 'processing';
+  END IF;
+  IF v_wake IS NOT NULL THEN
+    UPDATE postjob.postjobs SET
+      status = 'ready',
+      next_run_at = statement_timestamp(),
+      awaiting_id = NULL,
+      updated_at = statement_timestamp()
+    WHERE id = ANY (v_wake) AND status = 'sleep';
     PERFORM pg_notify('postjob_notifications', '');
   END IF;
 END;
@@ -395,7 +409,8 @@ $$;
 -- Record the outcomes of a batch of runs in one statement. Outcomes: 'ok' (with a result
 -- stored as [value]), 'err' (recoverable: retried with back-off until max_attempts), 'failed'
 -- (final), 'sleep' (waits for the child p_awaiting; goes to ready at once if that child has
--- already finished: no lost wake-up), 'release' (back to ready, no attempt counted).
+-- already finished or a child failed during the run: no lost wake-up), 'release' (back to
+-- ready, no attempt counted).
 -- A write only applies to a job still processing under the same lease token (fencing).
 -- Returns the ids whose outcome was recorded; the others had lost their lease.
 CREATE FUNCTION postjob.finish_jobs(
@@ -411,19 +426,29 @@ CREATE FUNCTION postjob.finish_jobs(
   p_fast_mode boolean DEFAULT false)
 RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
+  v_sleeping bigint[];
   v_awaited_final bigint[] := '{}';
+  v_marked bigint[] := '{}';
   v_accepted bigint[];
   v_final bigint[];
   v_failed bigint[];
   v_runnable boolean;
 BEGIN
   IF 'sleep' = ANY (p_outcomes) THEN
-    -- Share-lock the awaited children: a child whose completion is committing right now is
-    -- waited for and then seen as finished.
-    SELECT COALESCE(array_agg(c.id), '{}') INTO v_awaited_final
-    FROM (SELECT id, status FROM postjob.postjobs
-          WHERE id = ANY (p_awaiting) FOR SHARE) c
-    WHERE c.status IN ('ok', 'failed', 'timeout');
+    SELECT array_agg(i.id) INTO v_sleeping
+      FROM unnest(p_ids, p_outcomes) AS i(id, outcome) WHERE i.outcome = 'sleep';
+    -- Lock first, read after, in separate statements (a status filter in the locking
+    -- statement would be applied to the old row version, below the lock): a lock waits for
+    -- a completion of an awaited child (or a failed child's mark on this job) that is
+    -- committing right now, and the reads that follow take a new snapshot that sees it. The
+    -- locks also hold back a completion that starts now until this sleep has committed, so
+    -- it finds the job asleep. Children before parents, as a completion locks them.
+    PERFORM 1 FROM postjob.postjobs WHERE id = ANY (p_awaiting) ORDER BY id FOR SHARE;
+    PERFORM 1 FROM postjob.postjobs WHERE id = ANY (v_sleeping) ORDER BY id FOR UPDATE;
+    SELECT COALESCE(array_agg(id), '{}') INTO v_awaited_final FROM postjob.postjobs
+      WHERE id = ANY (p_awaiting) AND status IN ('ok', 'failed', 'timeout');
+    SELECT COALESCE(array_agg(id), '{}') INTO v_marked FROM postjob.postjobs
+      WHERE id = ANY (v_sleeping) AND status = 'processing' AND next_run_at IS NOT NULL;
   END IF;
 
   WITH updated AS (
@@ -433,7 +458,8 @@ BEGIN
         WHEN i.outcome = 'failed' THEN 'failed'
         WHEN i.outcome = 'err' AND j.failed_attempts + 1 < j.max_attempts THEN 'err'
         WHEN i.outcome = 'err' THEN 'failed'
-        WHEN i.outcome = 'sleep' AND i.awaiting = ANY (v_awaited_final) THEN 'ready'
+        WHEN i.outcome = 'sleep'
+             AND (i.awaiting = ANY (v_awaited_final) OR i.id = ANY (v_marked)) THEN 'ready'
         WHEN i.outcome = 'sleep' THEN 'sleep'
         WHEN i.outcome = 'release' THEN 'ready'
       END)::postjob.statuses,
@@ -446,10 +472,13 @@ BEGIN
       next_run_at = CASE
         WHEN i.outcome = 'err' AND j.failed_attempts + 1 < j.max_attempts
           THEN statement_timestamp() + postjob._backoff(j.failed_attempts + 1, p_fast_mode)
-        WHEN i.outcome = 'release' OR (i.outcome = 'sleep' AND i.awaiting = ANY (v_awaited_final))
+        WHEN i.outcome = 'release'
+          OR (i.outcome = 'sleep'
+              AND (i.awaiting = ANY (v_awaited_final) OR i.id = ANY (v_marked)))
           THEN statement_timestamp()
       END,
-      awaiting_id = CASE WHEN i.outcome = 'sleep' AND NOT (i.awaiting = ANY (v_awaited_final))
+      awaiting_id = CASE WHEN i.outcome = 'sleep'
+                          AND NOT (i.awaiting = ANY (v_awaited_final) OR i.id = ANY (v_marked))
                          THEN i.awaiting END,
       workflow_version = COALESCE(i.version, j.workflow_version),
       processing_client = NULL,
