@@ -75,7 +75,7 @@ def result_text(row: dict[str, Any]) -> str:
 
 
 def tags_text(tags: dict[str, Any] | None) -> str:
-    return ",".join(f"{k}:{v}" for k, v in (tags or {}).items())
+    return ",".join(f"{k}:{v}" for k, v in sorted((tags or {}).items()))
 
 
 def ps_fields(row: dict[str, Any], *, full_id: bool = False) -> dict[str, str]:

@@ -9,7 +9,6 @@ import click
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from postjob_sa import demo as workflows
 from postjob_sa._migrations import installed_revision, migrate
 from postjob_sa.models import Job, Status
 from postjob_sa.queue import JobQueue
@@ -36,6 +35,8 @@ def _status(engine: Engine, job_id: int) -> Status:
 def demo(app: App) -> None:
     """A tour: enqueue a fan-out/fan-in workflow with a manual approval, run it, show it.
     Without a database URL it uses the embedded server (data kept between runs)."""
+    from postjob_sa import demo as workflows  # registers its workflows in this process only
+
     started = time.monotonic()
     out = _render.console()
     engine = app.engine

@@ -64,7 +64,6 @@ def job_enqueue(
         if found is None:
             raise InvalidArgument(f"no workflow named {workflow!r} in {', '.join(modules)}")
         target = found
-        version = version if version is not None else found.version
     with app.session() as session:
         new = JobQueue(session).enqueue(
             target, *values, queue=queue, tags=parsed_tags, max_attempts=max_attempts,
