@@ -5,6 +5,7 @@ rendering (``_render``), data access (``_query``, ``_statements``) and error map
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Sequence
 
 import click
@@ -49,6 +50,7 @@ _register()
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The console script ``postjob``."""
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")  # pgserver's, not ours
     app = App()
     code = run_guarded(
         lambda: cli.main(
