@@ -274,7 +274,7 @@ class Worker:
         if outcome.kind != "release":
             self.processed += 1
             self.last_job_id = outcome.job_id
-            log.debug("job %s: %s in %.1f ms", outcome.job_id, outcome.kind, took * 1000)
+            log.info("job %s: %s in %.1f ms", outcome.job_id, outcome.kind, took * 1000)
         if time.monotonic() - self.buffer_since >= FLUSH_INTERVAL:
             self._flush()
 
@@ -318,6 +318,7 @@ class Worker:
             session.commit()
             self.processed += 1
             self.last_job_id = job.id
+            log.info("job %s: %s (transactional)", job.id, outcome.kind)
             return 1
         except BaseException:
             session.rollback()

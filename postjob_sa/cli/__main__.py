@@ -1,0 +1,3 @@
+from postjob_sa.cli import main
+
+main()

@@ -1,0 +1,224 @@
+"""Rendering for humans (aligned rich tables, colours only on a terminal) and for scripts
+(``--json``). Nothing here talks to the database."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import uuid
+from datetime import datetime
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from postjob_sa.models import Job
+
+STATUS_STYLES = {
+    "ok": "green", "failed": "bold red", "timeout": "red", "err": "yellow",
+    "processing": "cyan", "sleep": "blue", "ready": "",
+}
+PS_COLUMNS = (
+    "id", "workflow", "status", "attempts", "result", "next_run_in", "age", "processing",
+    "worker", "tags",
+)
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A console that wraps to the terminal, or to $COLUMNS (default 120) when piped."""
+    stream = sys.stderr if stderr else sys.stdout
+    tty = stream.isatty()
+    width = None if tty else int(os.environ.get("COLUMNS") or shutil.get_terminal_size((120, 24)).columns)
+    return Console(file=stream, width=width, highlight=False, soft_wrap=False, emoji=False)
+
+
+def duration(seconds: float | None) -> str:
+    """3m12s, 2h05m, 4d03h, -2s, 0.4s."""
+    if seconds is None:
+        return ""
+    sign = "-" if seconds < 0 else ""
+    s = abs(seconds)
+    if s < 1:
+        return f"{sign}{s:.1f}s" if s >= 0.05 else "0s"
+    whole = int(round(s))
+    if whole < 60:
+        return f"{sign}{whole}s"
+    if whole < 3600:
+        return f"{sign}{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{sign}{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{sign}{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def _seconds_between(later: datetime | None, earlier: datetime | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return (later - earlier).total_seconds()
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def result_text(row: dict[str, Any]) -> str:
+    """The result of an ok job, else the error message (or the progress note)."""
+    results = row.get("results")
+    if row["status"] == "ok" and isinstance(results, list) and results:
+        return compact_json(results[0])
+    if row.get("error_message") or row.get("error"):
+        return str(row.get("error_message") or row.get("error"))
+    return str(row.get("workflow_status") or "")
+
+
+def tags_text(tags: dict[str, Any] | None) -> str:
+    return ",".join(f"{k}:{v}" for k, v in sorted((tags or {}).items()))
+
+
+def ps_fields(row: dict[str, Any], *, full_id: bool = False) -> dict[str, str]:
+    """One job as the strings of the ps columns."""
+    now = row["db_now"]
+    processing = ""
+    if row["status"] == "processing" and row["processing_started_at"] is not None:
+        lease = row["processing_max_duration"]
+        processing = duration(_seconds_between(now, row["processing_started_at"])) + (
+            f"/{duration(lease)}" if lease else ""
+        )
+    worker = ""
+    if row["processing_client"] or row["processing_client_identifier"]:
+        worker = f"{row['processing_client'] or ''}/{row['processing_client_identifier'] or ''}"
+    version = row["workflow_version"]
+    return {
+        "id": str(row["full_id"] if full_id else row["id"]),
+        "workflow": row["workflow"] + (f"@{version}" if version else ""),
+        "status": row["status"],
+        "attempts": f"{row['failed_attempts']}/{row['max_attempts']}",
+        "result": result_text(row),
+        "next_run_in": duration(_seconds_between(row["next_run_at"], now)),
+        "age": duration(_seconds_between(now, row["created_at"])),
+        "processing": processing,
+        "worker": worker,
+        "tags": tags_text(row["tags"]),
+    }
+
+
+#: Columns that give way when the terminal is narrow, with their widest (the others keep
+#: their natural width).
+_FLEXIBLE = {"workflow": 40, "result": 48, "worker": 40, "tags": 32}
+
+
+def _fit(natural: dict[str, int], width: int) -> dict[str, int]:
+    """Column widths for a table of this total width: fixed columns at their natural width,
+    the rest share what is left, the narrow ones first (water-filling)."""
+    widths = {n: w for n, w in natural.items() if n not in _FLEXIBLE}
+    left = width - sum(widths.values()) - 3 * (len(natural) - 1)  # padding and rule
+    flexible = sorted((n for n in natural if n in _FLEXIBLE), key=lambda n: natural[n])
+    for i, name in enumerate(flexible):
+        share = max(left // (len(flexible) - i), 4)
+        widths[name] = min(natural[name], _FLEXIBLE[name], share)
+        left -= widths[name]
+    return widths
+
+
+def ps_table(rows: list[dict[str, Any]], *, width: int, full_id: bool = False) -> Table:
+    all_fields = [ps_fields(row, full_id=full_id) for row in rows]
+    natural = {n: max([len(n), *(len(f[n]) for f in all_fields)]) for n in PS_COLUMNS}
+    widths = _fit(natural, width)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for name in PS_COLUMNS:
+        table.add_column(
+            name, no_wrap=True, overflow="ellipsis", width=widths[name],
+            justify="right" if name in ("id", "attempts", "next_run_in", "age") else "left",
+        )
+    for fields in all_fields:
+        cells: list[RenderableType] = [Text(fields[c]) for c in PS_COLUMNS]
+        cells[2] = Text(fields["status"], style=STATUS_STYLES.get(fields["status"], ""))
+        table.add_row(*cells)
+    return table
+
+
+def json_ready(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
+
+
+def ps_json(row: dict[str, Any]) -> dict[str, Any]:
+    """A job for scripts: raw fields plus the computed seconds of the ps columns."""
+    now = row["db_now"]
+    out = {k: v for k, v in row.items() if k != "db_now"}
+    out["next_run_in"] = _seconds_between(row["next_run_at"], now)
+    out["age"] = _seconds_between(now, row["created_at"])
+    out["processing_for"] = (
+        _seconds_between(now, row["processing_started_at"]) if row["status"] == "processing" else None
+    )
+    out["result"] = row["results"][0] if row["status"] == "ok" and row["results"] else None
+    return json_ready(out)  # type: ignore[no-any-return]
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(json_ready(value), indent=2, ensure_ascii=False) + "\n")
+
+
+def job_fields(job: Job, token: str | None) -> dict[str, Any]:
+    """Every column of a job (and its token, for a manual job)."""
+    out: dict[str, Any] = {c.key: getattr(job, c.key) for c in Job.__mapper__.column_attrs}
+    out["status"] = job.status.value
+    out["token"] = token
+    return out
+
+
+def show_table(fields: dict[str, Any]) -> Table:
+    table = Table(box=box.SIMPLE, show_header=False, show_edge=False, pad_edge=False,
+                  title=f"job {fields['full_id'] or fields['id']}", title_justify="left",
+                  title_style="bold")
+    table.add_column("field", style="dim", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for key, value in fields.items():
+        if key == "error_backtrace" and value:
+            shown = "\n".join(str(v) for v in value)
+        elif isinstance(value, datetime):
+            shown = value.isoformat(sep=" ", timespec="milliseconds")
+        elif isinstance(value, (dict, list)):
+            shown = compact_json(value)
+        else:
+            shown = "" if value is None else str(value)
+        style = STATUS_STYLES.get(shown, "") if key == "status" else ""
+        table.add_row(key, Text(shown, style=style))
+    return table
+
+
+def tree_table(tree: list[dict[str, Any]]) -> Table:
+    """One job tree, children indented under their parents."""
+    base = len(str(tree[0]["full_id"]).split("."))
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for name in ("job", "status", "attempts", "result", "age"):
+        table.add_column(name, no_wrap=name != "result", overflow="fold" if name == "result" else "ellipsis",
+                         justify="right" if name in ("attempts", "age") else "left")
+    for row in tree:
+        depth = len(str(row["full_id"]).split(".")) - base
+        fields = ps_fields(row, full_id=True)
+        label = Text("  " * depth + ("└ " if depth else ""))
+        label.append(f"{row['id']} ", style="bold")
+        label.append(fields["workflow"])
+        if row["args"]:
+            args = compact_json(row["args"])
+            label.append(" " + (args if len(args) <= 40 else args[:39] + "…"), style="dim")
+        table.add_row(
+            label, Text(fields["status"], style=STATUS_STYLES.get(fields["status"], "")),
+            fields["attempts"], fields["result"], fields["age"],
+        )
+    return table
+
+
+def trees(all_trees: list[list[dict[str, Any]]]) -> Group:
+    return Group(*[tree_table(t) for t in all_trees])

@@ -1,0 +1,139 @@
+"""``postjob job``: enqueue, reset, force, resolve and prune jobs."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from postjob_sa.errors import InvalidArgument
+from postjob_sa.queue import JobQueue
+from postjob_sa.registry import Workflow, default_registry
+
+from . import _parse, _query
+from ._env import App
+
+DEFAULT_PRUNE_BATCH = 1000
+
+
+def import_modules(modules: tuple[str, ...]) -> None:
+    """Import workflow modules (from the current directory too); InvalidArgument if one fails."""
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise InvalidArgument(f"cannot import workflow module {name!r}: {exc}") from None
+
+
+@click.group()
+def job() -> None:
+    """Change jobs."""
+
+
+@job.command("enqueue", context_settings={"ignore_unknown_options": True})
+@click.argument("workflow")
+@click.argument("args", nargs=-1)
+@click.option("--queue", help="Queue name (default: the workflow's, else q).")
+@click.option("--tags", metavar="K:V,…", help="Tags, e.g. customer:42,kind:report.")
+@click.option("--max-attempts", type=int, help="Runs before the job fails (default 5).")
+@click.option("--timeout", metavar="DURATION", help="Deadline, e.g. 90s, 10m, 2h.")
+@click.option("--run-at", metavar="ISO-8601", help="Not before this time (local unless an offset is given).")
+@click.option("--workflow-version", "version", help="The workflow version the job needs.")
+@click.option("--import", "modules", multiple=True, metavar="MODULE",
+              help="Import a workflow module first; its defaults (queue, version, …) apply.")
+@click.pass_obj
+def job_enqueue(
+    app: App, workflow: str, args: tuple[str, ...], queue: str | None, tags: str | None,
+    max_attempts: int | None, timeout: str | None, run_at: str | None, version: str | None,
+    modules: tuple[str, ...],
+) -> None:
+    """Enqueue a root job of WORKFLOW; each ARG is JSON (quote strings: '"text"').
+    Prints the new job's id."""
+    values = [_parse.json_value(a, f"argument {i}") for i, a in enumerate(args, 1)]
+    parsed_tags = _parse.tags(tags)
+    seconds = _parse.duration(timeout, "timeout") if timeout is not None else None
+    when = _parse.timestamp(run_at) if run_at is not None else None
+    target: Workflow[Any, Any] | str = workflow
+    if modules:
+        import_modules(modules)
+        found = default_registry.get(workflow)
+        if found is None:
+            raise InvalidArgument(f"no workflow named {workflow!r} in {', '.join(modules)}")
+        target = found
+    with app.session() as session:
+        new = JobQueue(session).enqueue(
+            target, *values, queue=queue, tags=parsed_tags, max_attempts=max_attempts,
+            timeout=seconds, version=version, run_at=when,
+        )
+        session.commit()
+        click.echo(new.id)
+
+
+@job.command("reset")
+@click.argument("ids", nargs=-1, required=True)
+@click.pass_obj
+def job_reset(app: App, ids: tuple[str, ...]) -> None:
+    """Make jobs (and their failed or timed-out descendants) ready again, errors cleared."""
+    job_ids = _parse.job_ids(ids)
+    with app.session() as session:
+        done = JobQueue(session).reset(*job_ids)
+        session.commit()
+    click.echo(f"reset {len(done)} job(s): {', '.join(map(str, done))}")
+
+
+@job.command("force")
+@click.argument("id")
+@click.pass_obj
+def job_force(app: App, id: str) -> None:
+    """Run a ready, err or sleeping job as soon as possible."""
+    job_id = _parse.job_id(id)
+    with app.session() as session:
+        JobQueue(session).force(job_id)
+        session.commit()
+    click.echo(f"job {job_id} will run as soon as a worker is free")
+
+
+@job.command("resolve")
+@click.argument("token")
+@click.argument("result", required=False)
+@click.option("--error", metavar="MESSAGE", help="Fail the manual job with this message instead.")
+@click.pass_obj
+def job_resolve(app: App, token: str, result: str | None, error: str | None) -> None:
+    """Finish the manual job of TOKEN with RESULT (JSON), or fail it with --error."""
+    if error is not None and result is not None:
+        raise InvalidArgument("give either RESULT or --error, not both")
+    if error is None and result is None:
+        raise InvalidArgument("give the RESULT (JSON) or --error MESSAGE")
+    value = _parse.json_value(result, "RESULT") if result is not None else None
+    with app.session() as session:
+        job_id = JobQueue(session).resolve(token, value, error=error)
+        session.commit()
+    click.echo(f"job {job_id} {'failed' if error is not None else 'resolved'}")
+
+
+@job.command("prune")
+@click.option("--older-than", required=True, metavar="DURATION",
+              help="Only trees whose root finished longer ago than this (30d, 12h, 90m, 45s).")
+@click.option("--status", "statuses", metavar="S,…", help="Root statuses to prune (default ok,failed,timeout).")
+@click.option("--batch", type=int, default=DEFAULT_PRUNE_BATCH, show_default=True,
+              help="Trees deleted per transaction.")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.pass_obj
+def job_prune(app: App, older_than: str, statuses: str | None, batch: int, dry_run: bool) -> None:
+    """Delete finished root jobs whose whole tree is final, with their trees."""
+    seconds = _parse.duration(older_than, "--older-than duration")
+    chosen = _parse.final_statuses(statuses)
+    _parse.positive_int(batch, "--batch", 100_000)
+    with app.connect_checked():
+        pass
+    report = _query.prune(app.engine, older_than=seconds, statuses=chosen, batch=batch, dry_run=dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    cutoff = report.cutoff.isoformat(sep=" ", timespec="seconds") if report.cutoff else "?"
+    click.echo(
+        f"{verb} {report.roots} root job(s), {report.jobs} job(s) in all "
+        f"({'/'.join(chosen)}, finished before {cutoff})"
+    )

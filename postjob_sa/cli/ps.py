@@ -1,0 +1,189 @@
+"""``postjob ps``: list, watch, show and draw jobs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import click
+from rich.console import Group, RenderableType
+from rich.live import Live
+from rich.text import Text
+
+from . import _parse, _query, _render
+from ._env import App
+
+LIST_COMMAND = "list"
+
+
+class PsGroup(click.Group):
+    """``ps [ID…] [options]`` lists jobs; ``ps top|show|full …`` are subcommands."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+            args = [LIST_COMMAND, *args]
+        return super().parse_args(ctx, args)
+
+
+def _filters(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--tags", metavar="K:V,…", help="Only jobs with these tags.")(f)
+    f = click.option("--status", "statuses", metavar="S,…", help="Only jobs in these statuses.")(f)
+    f = click.option("--limit", type=int, default=100, show_default=True, help="At most N jobs.")(f)
+    return f
+
+
+def _listing(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | None,
+             limit: int) -> tuple[_query.Listing, bool]:
+    job_ids = _parse.job_ids(ids)
+    tags_json = _parse.tags_json(tags)
+    chosen = _parse.statuses(statuses)
+    _parse.positive_int(limit, "--limit", 100_000)
+    with app.connect_checked() as conn:
+        listing = _query.list_jobs(conn, ids=job_ids or None, tags_json=tags_json,
+                                   statuses=chosen, limit=limit)
+    return listing, bool(job_ids)
+
+
+def _view(listing: _query.Listing, full_id: bool, limit: int, width: int) -> RenderableType:
+    parts: list[RenderableType] = []
+    if listing.rows:
+        parts.append(_render.ps_table(listing.rows, full_id=full_id, width=width))
+    else:
+        parts.append(Text("no jobs", style="dim"))
+    if listing.more:
+        parts.append(Text(f"(more than {limit} jobs match: showing the first {limit}; use --limit)",
+                          style="yellow"))
+    return Group(*parts)
+
+
+@click.group(cls=PsGroup, context_settings={"ignore_unknown_options": False})
+def ps() -> None:
+    """List root jobs newest first (with IDs: those jobs' trees). Subcommands: top, show, full."""
+
+
+@ps.command(LIST_COMMAND, hidden=True)
+@click.argument("ids", nargs=-1)
+@_filters
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def ps_list(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | None,
+            limit: int, as_json: bool) -> None:
+    """List jobs."""
+    listing, with_ids = _listing(app, ids, tags, statuses, limit)
+    if as_json:
+        _render.print_json({"jobs": [_render.ps_json(r) for r in listing.rows], "more": listing.more})
+        return
+    console = _render.console()
+    console.print(_view(listing, with_ids, limit, console.width))
+
+
+@contextlib.contextmanager
+def _keys() -> Iterator[Callable[[float], str | None]]:
+    """A reader of single key presses with a timeout; without a terminal on stdin it only
+    sleeps (so `ps top` never blocks on, or spins at the end of, a pipe)."""
+    if not sys.stdin.isatty():
+        def wait(timeout: float) -> str | None:
+            time.sleep(timeout)
+            return None
+        yield wait
+        return
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def read(timeout: float) -> str | None:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return os.read(fd, 1).decode(errors="replace") if ready else None
+
+    try:
+        yield read
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@ps.command("top")
+@click.argument("ids", nargs=-1)
+@_filters
+@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--iterations", type=int, help="Stop after N refreshes (default: until q or Ctrl-C).")
+@click.pass_obj
+def ps_top(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | None, limit: int,
+           interval: float, iterations: int | None) -> None:
+    """Watch jobs, refreshed every second; q or Ctrl-C quits."""
+    _parse.positive_int(iterations, "--iterations")
+    if not 0.1 <= interval <= 3600:
+        raise click.BadParameter("must be between 0.1 and 3600 seconds", param_hint="--interval")
+
+    console = _render.console()
+
+    def frame() -> RenderableType:
+        listing, with_ids = _listing(app, ids, tags, statuses, limit)
+        stamp = time.strftime("%H:%M:%S")
+        header = Text(f"postjob top  {stamp}  {app.display_url()}  (q quits)", style="bold")
+        return Group(header, _view(listing, with_ids, limit, console.width))
+
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    shown = 0
+    try:
+        with _keys() as key, Live(frame(), console=console, auto_refresh=False,
+                                  screen=console.is_terminal) as live:
+            shown = 1
+            while iterations is None or shown < iterations:
+                deadline = time.monotonic() + interval
+                while (left := deadline - time.monotonic()) > 0:
+                    if (key(left) or "").lower() == "q":
+                        return
+                live.update(frame(), refresh=True)
+                shown += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@ps.command("show")
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def ps_show(app: App, ids: tuple[str, ...], as_json: bool) -> None:
+    """Every field of the jobs IDS."""
+    job_ids = _parse.job_ids(ids)
+    with app.connect_checked():
+        pass
+    fields = [_render.job_fields(j, t) for j, t in _query.show_jobs(app.engine, job_ids)]
+    if as_json:
+        _render.print_json(fields)
+        return
+    console = _render.console()
+    for f in fields:
+        console.print(_render.show_table(f))
+        console.print()
+
+
+@ps.command("full")
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def ps_full(app: App, ids: tuple[str, ...], as_json: bool) -> None:
+    """The job trees under IDS, children indented, with status and result per job."""
+    job_ids = _parse.job_ids(ids)
+    with app.connect_checked() as conn:
+        found = _query.subtrees(conn, job_ids)
+    if as_json:
+        _render.print_json([[_render.ps_json(r) for r in tree] for tree in found])
+        return
+    _render.console().print(_render.trees(found))

@@ -1,0 +1,142 @@
+"""`postjob ps …` through the installed script, against the real server."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import URL, Engine, text
+
+from tests.conftest import url_string
+from tests.test_cli_db import POSTJOB, assert_bad_input, postjob
+
+
+@pytest.fixture(scope="module")
+def tree(db_url: URL, engine: Engine) -> dict[str, int]:
+    """Root jobs (a finished tree, a failed one, a processing one) inserted once."""
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE postjob.postjobs, postjob.tokens RESTART IDENTITY CASCADE"))
+        ins = text("INSERT INTO postjob.postjobs (parent_id, workflow, workflow_version, args, status, "
+                   "results, error, error_message, tags, next_run_at) VALUES (:p, :w, :v, "
+                   "CAST(:a AS jsonb), :s, CAST(:r AS jsonb), :e, :m, CAST(:t AS jsonb), now()) RETURNING id")
+
+        def add(**kw: Any) -> int:
+            row = {"p": None, "v": "", "a": "[]", "r": None, "e": None, "m": None, "t": None, **kw}
+            return int(conn.execute(ins, row).scalar_one())
+
+        root = add(w="report", v="2", s="ok", r='[{"total": 3}]', t='{"customer": "42", "x": "y"}')
+        child = add(p=root, w="measure", a='["abc"]', s="ok", r="[3]")
+        add(p=child, w="grandchild", s="ok", r='["deep"]')
+        failed = add(w="report", s="failed", e="ValueError", m="boom", t='{"customer": "7"}')
+        busy = add(w="slow", s="ready")
+        conn.execute(text(
+            "UPDATE postjob.postjobs SET status = 'processing', processing_started_at = now(), "
+            "processing_max_duration = 60, processing_client = '10.0.0.1:5000', "
+            "processing_client_identifier = 'host:123', next_run_at = NULL WHERE id = :id"),
+            {"id": busy})
+    return {"root": root, "child": child, "failed": failed, "busy": busy}
+
+
+@pytest.fixture(scope="module")
+def cli(db_url: URL, tree: dict[str, int]) -> Any:
+    url = url_string(db_url)
+    return lambda *args: postjob(*args, url=url)
+
+
+def test_ps_lists_root_jobs_newest_first(cli: Any, tree: dict[str, int]) -> None:
+    res = cli("ps")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["id", "workflow", "status", "attempts", "result", "next_run_in",
+                                "age", "processing", "worker", "tags"]
+    ids = [int(line.split()[0]) for line in lines[2:]]
+    assert ids == [tree["busy"], tree["failed"], tree["root"]]
+    busy = lines[2]
+    assert "processing" in busy and "/1m00s" in busy and "10.0.0.1:5000/host:123" in busy
+    assert "boom" in lines[3] and "report@2" in lines[4] and '{"total":3}' in lines[4]
+    assert "customer:42,x:y" in lines[4]
+
+
+def test_ps_json_filters_and_limit(cli: Any, tree: dict[str, int]) -> None:
+    out = json.loads(cli("ps", "--json", "--tags", "customer:42").stdout)
+    assert [j["id"] for j in out["jobs"]] == [tree["root"]] and out["more"] is False
+    assert out["jobs"][0]["result"] == {"total": 3}
+    out = json.loads(cli("ps", "--json", "--status", "failed,processing").stdout)
+    assert [j["id"] for j in out["jobs"]] == [tree["busy"], tree["failed"]]
+    res = cli("ps", "--limit", "1")
+    assert "more than 1 jobs match" in res.stdout
+    out = json.loads(cli("ps", "--json", "--limit", "1").stdout)
+    assert len(out["jobs"]) == 1 and out["more"] is True
+
+
+def test_tag_filter_with_sql_metacharacters_is_just_a_value(cli: Any, engine: Engine) -> None:
+    res = cli("ps", "--json", "--tags", "x:'; DROP TABLE postjob.postjobs; --")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["jobs"] == []
+    res = cli("ps", "--tags", "x\":1}'::jsonb OR true --:y")
+    assert res.returncode == 0 and "no jobs" in res.stdout
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM postjob.postjobs")).scalar() == 5
+
+
+def test_ps_with_ids_shows_their_trees(cli: Any, tree: dict[str, int]) -> None:
+    res = cli("ps", str(tree["child"]))
+    ids = [line.split()[0] for line in res.stdout.splitlines()[2:]]
+    assert ids == [f"{tree['root']}.{tree['child']}", f"{tree['root']}.{tree['child']}.{tree['child'] + 1}"]
+
+
+def test_ps_full_draws_the_tree_with_results(cli: Any, tree: dict[str, int]) -> None:
+    res = cli("ps", "full", str(tree["root"]))
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()[2:]
+    assert lines[0].startswith(f"{tree['root']} report@2") and '{"total":3}' in lines[0]
+    assert lines[1].startswith(f"  └ {tree['child']} measure") and " 3 " in lines[1]
+    assert lines[2].startswith("    └ ") and '"deep"' in lines[2]
+    out = json.loads(cli("ps", "full", "--json", str(tree["root"])).stdout)
+    assert [len(t) for t in out] == [3]
+
+
+def test_ps_show_prints_every_field(cli: Any, tree: dict[str, int]) -> None:
+    res = cli("ps", "show", str(tree["failed"]), str(tree["root"]))
+    assert res.returncode == 0, res.stderr
+    for field in ("parent_id", "error_message", "processing_client_identifier", "lease_token", "token"):
+        assert field in res.stdout
+    assert res.stdout.index(f"job {tree['failed']}") < res.stdout.index(f"job {tree['root']}")
+    out = json.loads(cli("ps", "show", "--json", str(tree["failed"])).stdout)
+    assert out[0]["error_message"] == "boom" and out[0]["status"] == "failed"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["ps", "999"], "no job has the id 999"),
+        (["ps", "show", "1", "998", "999"], "no job has the ids 998, 999"),
+        (["ps", "full", "abc"], "not a job id"),
+        (["ps", "--tags", "customer"], "malformed tags"),
+        (["ps", "--status", "done"], "unknown status 'done'"),
+        (["ps", "--limit", "0"], "--limit"),
+        (["ps", "show"], "Missing argument"),
+    ],
+)
+def test_ps_bad_input(cli: Any, args: list[str], needle: str) -> None:
+    assert_bad_input(cli(*args), needle)
+
+
+def test_ps_top_refreshes_and_stops_without_a_terminal(db_url: URL, tree: dict[str, int]) -> None:
+    url = url_string(db_url)
+    res = postjob("ps", "top", "--iterations", "2", "--interval", "0.2", url=url)
+    assert res.returncode == 0, res.stderr
+    assert "postjob top" in res.stdout and "report@2" in res.stdout
+    # stdin is not a terminal (and at EOF): it keeps refreshing until Ctrl-C, without spinning
+    proc = subprocess.Popen([POSTJOB, "--database-url", url, "ps", "top", "--interval", "0.2"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.5)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=5)
+    assert proc.returncode == 0, err
+    assert b"postjob top" in out
