@@ -155,3 +155,19 @@ def test_worker_runs_as_a_module(app_engine: Engine, example: Example) -> None:
     assert out.returncode == 0, out.stderr
     assert "ran 1 jobs" in out.stderr
     assert [j.status for j in _jobs(app_engine)] == [Status.ok]
+
+
+def test_adopting_alembic_after_migrate(app_db: URL, example: Example) -> None:
+    """docs/integrating.md: an app that used postjob_sa.migrate() stamps our branch once,
+    then its own `alembic upgrade heads` works."""
+    postjob_sa.migrate(url_string(app_db))
+    cfg = Config(str(example.alembic_ini))
+    command.stamp(cfg, "postjob@head")
+    command.upgrade(cfg, "heads")
+    engine = create_engine(app_db)
+    try:
+        with engine.connect() as conn:
+            assert MigrationContext.configure(conn).get_current_heads() == (example.revision,)
+            assert conn.execute(text("SELECT count(*) FROM signups")).scalar() == 0
+    finally:
+        engine.dispose()
