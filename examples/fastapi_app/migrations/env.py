@@ -3,6 +3,8 @@ autogenerate (its revisions, not our models, own the ``postjob`` schema)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from alembic import context
 from sqlalchemy import create_engine
 
@@ -12,7 +14,7 @@ from examples.fastapi_app.models import Base
 
 config = context.config
 
-OPTIONS = {
+OPTIONS: dict[str, Any] = {
     "target_metadata": Base.metadata,
     # compare the app's tables only; without this, autogenerate would propose dropping
     # the postjob schema's tables, which our metadata does not describe
