@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test lint typecheck pytest demo clean
+.PHONY: install test lint typecheck docs pytest demo clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,13 +20,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# the documentation site, warnings as errors (broken links, missing pages or snippets,
+# docstrings mkdocstrings cannot render); the site goes to site/ (no --quiet: it hides
+# the warnings that --strict counts)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
 
 demo: $(STAMP)
 	$(BIN)/postjob demo
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build site *.egg-info .mypy_cache .ruff_cache .pytest_cache

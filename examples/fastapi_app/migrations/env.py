@@ -1,0 +1,50 @@
+"""Alembic environment of the example app: its own tables; postjob_sa's stay out of
+autogenerate (its revisions, not our models, own the ``postjob`` schema)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alembic import context
+from sqlalchemy import create_engine
+
+import postjob_sa
+from examples.fastapi_app.config import database_url
+from examples.fastapi_app.models import Base
+
+config = context.config
+
+OPTIONS: dict[str, Any] = {
+    "target_metadata": Base.metadata,
+    # compare the app's tables only; without this, autogenerate would propose dropping
+    # the postjob schema's tables, which our metadata does not describe
+    "include_schemas": True,
+    "include_object": postjob_sa.include_object,
+}
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:  # handed in by a caller (tests, a management command)
+        context.configure(connection=connection, **OPTIONS)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    engine = create_engine(database_url())
+    with engine.connect() as connection:
+        context.configure(connection=connection, **OPTIONS)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+def run_migrations_offline() -> None:
+    context.configure(url=database_url(), literal_binds=True, **OPTIONS)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -1,0 +1,173 @@
+"""The example apps end to end, the way their READMEs say to run them: `alembic upgrade heads`
+with the app's alembic.ini, a POST through the framework's test client, then the worker."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import URL, Engine, create_engine, func, select, text
+from sqlalchemy.orm import Session
+
+import postjob_sa
+from postjob_sa import Job, Status
+from postjob_sa._migrations import installed_revision
+from tests.conftest import drop_database, url_string
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Example:
+    name: str
+    revision: str
+    post: Callable[[Any, dict[str, Any]], tuple[int, Any]]
+
+    def module(self, part: str) -> ModuleType:
+        return importlib.import_module(f"examples.{self.name}.{part}")
+
+    @property
+    def alembic_ini(self) -> Path:
+        return ROOT / "examples" / self.name / "alembic.ini"
+
+
+def _flask_post(app: Any, body: dict[str, Any]) -> tuple[int, Any]:
+    resp = app.test_client().post("/signups", json=body)
+    return resp.status_code, resp.get_json()
+
+
+def _fastapi_post(app: Any, body: dict[str, Any]) -> tuple[int, Any]:
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as client:
+        resp = client.post("/signups", json=body)
+    return resp.status_code, resp.json()
+
+
+EXAMPLES = [
+    Example("flask_app", "flask0001", _flask_post),
+    Example("fastapi_app", "fastapi0001", _fastapi_post),
+]
+
+
+@pytest.fixture(params=EXAMPLES, ids=lambda e: e.name)
+def example(request: pytest.FixtureRequest) -> Example:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def app_db(server_url: URL, example: Example, monkeypatch: pytest.MonkeyPatch) -> Iterator[URL]:
+    """An empty database for the example; DATABASE_URL points at it, as in production."""
+    url = server_url.set(database=f"pjt_example_{example.name}")
+    drop_database(server_url, url)
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{url.database}"'))
+    admin.dispose()
+    monkeypatch.setenv("DATABASE_URL", url_string(url))
+    yield url
+    drop_database(server_url, url)
+
+
+@pytest.fixture
+def app_engine(app_db: URL, example: Example) -> Iterator[Engine]:
+    command.upgrade(Config(str(example.alembic_ini)), "heads")
+    engine = create_engine(app_db)
+    yield engine
+    engine.dispose()
+
+
+def _jobs(engine: Engine) -> list[Job]:
+    with Session(engine) as s:
+        return list(s.scalars(select(Job).order_by(Job.id)))
+
+
+def test_upgrade_heads_applies_our_branch_and_the_app_revision(
+    app_engine: Engine, example: Example
+) -> None:
+    with app_engine.connect() as conn:
+        # the app's revision depends on our branch, so it is the one head that remains
+        assert MigrationContext.configure(conn).get_current_heads() == (example.revision,)
+        assert installed_revision(conn) == postjob_sa._migrations.head_revision()
+        models = example.module("models")
+        ctx = MigrationContext.configure(
+            conn,
+            opts={
+                "include_schemas": True,
+                "include_object": postjob_sa.include_object,
+                "target_metadata": models.Base.metadata,
+            },
+        )
+        assert compare_metadata(ctx, models.Base.metadata) == []
+
+
+def test_signup_enqueues_in_the_request_transaction(app_engine: Engine, example: Example) -> None:
+    app = example.module("app").create_app(app_engine)
+    Signup = example.module("models").Signup
+
+    status, body = example.post(app, {"email": "ada@example.com"})
+    assert status == 201, body
+    [job] = _jobs(app_engine)
+    assert body["welcome_job_id"] == job.id
+    assert job.status is Status.ready
+    assert job.args == ["ada@example.com"]
+
+    # the same email again: the enqueue ran, then the signup's INSERT failed the commit;
+    # the rollback took the job with it
+    status, body = example.post(app, {"email": "ada@example.com"})
+    assert status == 409, body
+    # rejected before any write
+    status, body = example.post(app, {"email": "not an address"})
+    assert status == 400, body
+    assert [j.id for j in _jobs(app_engine)] == [job.id]
+
+    # the worker's management command, in drain mode
+    assert example.module("worker").main(["--drain"]) == 1
+    [done] = _jobs(app_engine)
+    assert done.status is Status.ok, (done.error, done.error_message)
+    assert done.result == "ada@example.com"
+    with Session(app_engine) as s:
+        signup = s.scalars(select(Signup)).one()
+        assert signup.welcome_job_id == job.id
+        assert signup.welcomed_at is not None
+        assert s.scalar(select(func.count()).select_from(Signup)) == 1
+
+
+def test_worker_runs_as_a_module(app_engine: Engine, example: Example) -> None:
+    app = example.module("app").create_app(app_engine)
+    assert example.post(app, {"email": "grace@example.com"})[0] == 201
+    out = subprocess.run(
+        [sys.executable, "-m", f"examples.{example.name}.worker", "--drain"],
+        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "ran 1 jobs" in out.stderr
+    assert [j.status for j in _jobs(app_engine)] == [Status.ok]
+
+
+def test_adopting_alembic_after_migrate(app_db: URL, example: Example) -> None:
+    """docs/integrating.md: an app that used postjob_sa.migrate() stamps our branch once,
+    then its own `alembic upgrade heads` works."""
+    postjob_sa.migrate(url_string(app_db))
+    cfg = Config(str(example.alembic_ini))
+    command.stamp(cfg, "postjob@head")
+    command.upgrade(cfg, "heads")
+    engine = create_engine(app_db)
+    try:
+        with engine.connect() as conn:
+            assert MigrationContext.configure(conn).get_current_heads() == (example.revision,)
+            assert conn.execute(text("SELECT count(*) FROM signups")).scalar() == 0
+    finally:
+        engine.dispose()
