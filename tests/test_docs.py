@@ -245,6 +245,8 @@ def _commands() -> Iterator[tuple[Block, list[str]]]:
             if block.lang not in ("sh", "bash", "console", "shell"):
                 continue
             for line in block.code.splitlines():
+                if block.lang == "console" and not line.startswith("$ "):
+                    continue  # a console block shows output after its $ commands
                 words = shlex.split(line.removeprefix("$ "), comments=True)
                 while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
                     words = words[1:]  # VAR=value prefixes
