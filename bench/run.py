@@ -142,6 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
     systems = [get_system(n) for n in names]
     admin = pg.url_for(args.dsn_base, "postgres")
+    try:
+        server = pg.server_settings(admin)
+    except Exception as exc:
+        log(
+            f"cannot reach PostgreSQL at {args.dsn_base} ({str(exc).strip()}); on this box: "
+            "pg_ctlcluster --skip-systemctl-redirect 15 main start"
+        )
+        return 2
     doc: dict[str, Any] = {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
         "command": " ".join([sys.executable, *sys.argv]),
@@ -149,8 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         "plan": asdict(plan),
         "python": platform.python_version(),
         "versions": versions(systems),
-        "server": pg.server_settings(admin),
-        "host": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "server": server,
+        "host": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "loadavg_at_start": os.getloadavg(),
+        },
         "rows": [],
         "details": {},
         "skipped": {},
@@ -179,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["rows"] = [asdict(r) for r in rows]
         _write(args.output, doc)  # keep partial results if a later system crashes
     doc["elapsed_s"] = time.time() - t_start
+    doc["host"]["loadavg_at_end"] = os.getloadavg()
     header = [
         f"## Job-queue benchmark ({doc['mode']}, {doc['started_at']})",
         "",

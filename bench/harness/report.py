@@ -60,33 +60,48 @@ def _best(values: Iterable[float], higher: bool) -> float | None:
 
 
 def metric_table(spec: MetricSpec, rows: list[Labeled]) -> list[str]:
+    """One markdown table: every row of the metric, with its ratios to raw and to peers.
+
+    Ratios are value / reference. The raw references: one column per raw config
+    when raw has several (e.g. 1/txn and 100/txn), or, for per-config metrics,
+    the raw row of the same config. The peer reference is the best peer config.
+    """
     mine = [r for r in rows if r.row.metric == spec.key]
     if not mine:
         return []
+    raw_rows = [r.row for r in mine if r.row.system == FLOOR]
+    raw_cols = [] if spec.per_config else list(dict.fromkeys(r.config for r in raw_rows))
 
-    def refs(pred: Any, config: str) -> float | None:
-        pool = [r.row.value for r in rows if r.row.metric == spec.key and pred(r)]
-        if spec.per_config:
-            pool = [
-                r.row.value
-                for r in rows
-                if r.row.metric == spec.key and pred(r) and r.row.config == config
-            ]
+    def peer_ref(config: str) -> float | None:
+        pool = [
+            r.row.value
+            for r in mine
+            if r.is_peer and (not spec.per_config or r.row.config == config)
+        ]
         return _best(pool, spec.higher_is_better)
 
+    def raw_ref(config: str) -> float | None:
+        return _best([r.value for r in raw_rows if r.config == config], spec.higher_is_better)
+
+    titles = [f"vs raw {c}" for c in raw_cols] if len(raw_cols) > 1 else ["vs raw floor"]
     better = "higher" if spec.higher_is_better else "lower"
     lines = [
         f"### {spec.title} ({spec.unit}, {better} is better)",
         "",
-        f"| system | config | {spec.unit} | vs raw floor | vs best peer |",
-        "|---|---|---:|---:|---:|",
+        f"| system | config | {spec.unit} | {' | '.join(titles)} | vs best peer |",
+        "|---|---|---:|" + "---:|" * (len(titles) + 1),
     ]
     for r in mine:
-        raw_ref = refs(lambda x: x.row.system == FLOOR, r.row.config)
-        peer_ref = refs(lambda x: x.is_peer, r.row.config)
+        if spec.per_config:
+            refs = [raw_ref(r.row.config)]
+        elif len(raw_cols) > 1:
+            refs = [raw_ref(c) for c in raw_cols]
+        else:
+            refs = [_best([x.value for x in raw_rows], spec.higher_is_better)]
+        ratios = " | ".join(_ratio(r.row.value, ref) for ref in refs)
         lines.append(
-            f"| {r.row.system} | {r.row.config} | {_fmt(r.row.value)} "
-            f"| {_ratio(r.row.value, raw_ref)} | {_ratio(r.row.value, peer_ref)} |"
+            f"| {r.row.system} | {r.row.config} | {_fmt(r.row.value)} | {ratios} "
+            f"| {_ratio(r.row.value, peer_ref(r.row.config))} |"
         )
     lines.append("")
     return lines
@@ -109,8 +124,8 @@ def markdown(
             known.add(r.metric)
     lines = list(header) + [
         "",
-        "Ratios are value ÷ the best raw config (the floor) and ÷ the best peer config "
-        f"(peers: {', '.join(sorted(peers)) or 'none'}); checkout ratios compare the same case.",
+        "Ratios are value ÷ reference: ÷ each raw config (the floor) and ÷ the best peer "
+        f"config (peers: {', '.join(sorted(peers)) or 'none'}); (e) compares the same case.",
         "",
     ]
     for spec in specs:
