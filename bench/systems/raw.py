@@ -51,29 +51,35 @@ CREATE TRIGGER raw_job_wake AFTER INSERT ON raw_job
     FOR EACH STATEMENT EXECUTE FUNCTION raw_job_wake();
 """
 
-STATEMENTS = {
-    "put_one": "(jsonb) AS INSERT INTO raw_job (payload) VALUES ($1)",
-    "put_many": "(jsonb[]) AS INSERT INTO raw_job (payload) SELECT unnest($1)",
-    "take": (
-        "(int) AS UPDATE raw_job SET state = 'running', tries = tries + 1 "
-        "WHERE id = ANY(ARRAY("
-        "  SELECT id FROM raw_job WHERE state = 'queued' AND not_before <= now() "
-        "  ORDER BY not_before LIMIT $1 FOR UPDATE SKIP LOCKED"
-        ")) RETURNING id, payload"
-    ),
-    "finish": "(bigint[]) AS UPDATE raw_job SET state = 'done' WHERE id = ANY($1)",
-}
+
+def _statements(take_limit: int) -> dict[str, str]:
+    """Statements to PREPARE; the checkout LIMIT is a literal so that the cached
+    generic plan is the ordered index scan (a LIMIT $1 lets the planner pick a
+    sort-based plan once it stops making custom plans)."""
+    return {
+        "put_one": "(jsonb) AS INSERT INTO raw_job (payload) VALUES ($1)",
+        "put_many": "(jsonb[]) AS INSERT INTO raw_job (payload) SELECT unnest($1)",
+        "take": (
+            "AS UPDATE raw_job SET state = 'running', tries = tries + 1 "
+            "WHERE id = ANY(ARRAY("
+            "  SELECT id FROM raw_job WHERE state = 'queued' AND not_before <= now() "
+            f"  ORDER BY not_before LIMIT {int(take_limit)} FOR UPDATE SKIP LOCKED"
+            ")) RETURNING id, payload"
+        ),
+        "finish_one": "(bigint) AS UPDATE raw_job SET state = 'done' WHERE id = $1",
+        "finish_many": "(bigint[]) AS UPDATE raw_job SET state = 'done' WHERE id = ANY($1)",
+    }
 
 
 class RawConnection:
     """An autocommit psycopg2 connection with the queue's statements prepared."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, take_limit: int = 1) -> None:
         self.conn = psycopg2.connect(url)
         self.conn.autocommit = True
         self.cur = self.conn.cursor()
-        for name, body in STATEMENTS.items():
-            self.cur.execute(f"PREPARE {name}{body}")
+        for name, body in _statements(take_limit).items():
+            self.cur.execute(f"PREPARE {name} {body}")
 
     def put_one(self, payload: str) -> None:
         self.cur.execute("EXECUTE put_one(%s)", (payload,))
@@ -81,12 +87,16 @@ class RawConnection:
     def put_many(self, payloads: list[str]) -> None:
         self.cur.execute("EXECUTE put_many(%s::jsonb[])", (payloads,))
 
-    def take(self, limit: int) -> list[tuple[int, dict[str, Any]]]:
-        self.cur.execute("EXECUTE take(%s)", (limit,))
+    def take(self) -> list[tuple[int, dict[str, Any]]]:
+        """Check out up to take_limit runnable jobs (one transaction)."""
+        self.cur.execute("EXECUTE take")
         return self.cur.fetchall()
 
     def finish(self, ids: list[int]) -> None:
-        self.cur.execute("EXECUTE finish(%s::bigint[])", (ids,))
+        if len(ids) == 1:
+            self.cur.execute("EXECUTE finish_one(%s)", (ids[0],))
+        else:
+            self.cur.execute("EXECUTE finish_many(%s::bigint[])", (ids,))
 
     def close(self) -> None:
         self.conn.close()
@@ -140,10 +150,10 @@ class RawCheckoutProbe:
         self.index_bytes = int(pg.value(url, "SELECT pg_relation_size('raw_job_runnable')"))
 
     def checkout_one(self) -> bool:
-        return bool(self._db.take(1))
+        return bool(self._db.take())
 
     def explain(self) -> str:
-        self._db.cur.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE take(1)")
+        self._db.cur.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE take")
         return "\n".join(r[0] for r in self._db.cur.fetchall())
 
     def close(self) -> None:
@@ -185,13 +195,12 @@ class Raw(System):
         _enqueue_batched(url, keys, 1000)
 
     def work(self, url: str, config: WorkerConfig, gate: Gate) -> None:
-        batch = int(config.params["batch"])
-        db = RawConnection(url)
+        db = RawConnection(url, take_limit=int(config.params["batch"]))
         if gate.listening:
             db.cur.execute(f"LISTEN {CHANNEL}")
         gate.arrive()
         while True:
-            jobs = db.take(batch)
+            jobs = db.take()
             if jobs:
                 for _id, payload in jobs:
                     gate.job_started(payload["key"])  # the (no-op) job body
