@@ -41,6 +41,7 @@ QUICK = {
     "checkout_sizes": "1000,100000",
     "checkout_unvacuumed": 100_000,
     "checkout_samples": 100,
+    "quiet_wait": 5.0,
 }
 FULL = {
     "jobs": 20_000,
@@ -50,6 +51,7 @@ FULL = {
     "checkout_sizes": "1000,1000000",
     "checkout_unvacuumed": 1_000_000,
     "checkout_samples": 200,
+    "quiet_wait": 20.0,
 }
 
 
@@ -79,6 +81,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sizes.add_argument("--checkout-sizes", help="finished-row counts for (e), comma-separated")
     sizes.add_argument("--checkout-unvacuumed", type=int, help="(e) unvacuumed case; 0 = skip")
     sizes.add_argument("--checkout-samples", type=int, help="checkouts timed per rep")
+    sizes.add_argument(
+        "--quiet-wait",
+        type=float,
+        help="max seconds to wait for an idle machine before each timed phase (20 / quick 5)",
+    )
     fixed = p.add_argument_group("shape")
     fixed.add_argument("--workers", type=int, default=2, help="W: worker processes")
     fixed.add_argument("--enqueue-batch", type=int, default=1000, help="jobs per batched txn")
@@ -117,6 +124,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         checkout_samples=args.checkout_samples,
         checkout_ready=1000,
         quick=args.quick,
+        quiet_wait_s=args.quiet_wait,
         options=options,
     )
 

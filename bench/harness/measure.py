@@ -63,3 +63,38 @@ async def run_on_schedule_async(
         if delay > 0:
             await asyncio.sleep(delay)
         await action(i)
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """utime + stime of one process from /proc/<pid>/stat; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # fields from 'state' (3rd) on
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def busy_cores(window_s: float = 0.5) -> float:
+    """Average number of busy cores over a short window."""
+    b0, t0 = machine_busy_seconds(), now()
+    time.sleep(window_s)
+    return (machine_busy_seconds() - b0) / (now() - t0)
+
+
+def wait_until_quiet(max_wait_s: float, threshold_cores: float = 0.3) -> dict[str, float | int]:
+    """Before a timed phase: wait (at most max_wait_s) until the machine is nearly idle.
+
+    The box is shared; this only lowers the odds of measuring someone else's load.
+    Returns how long it waited and the last busy-cores sample.
+    """
+    start = now()
+    busy = busy_cores()
+    while busy > threshold_cores and now() - start < max_wait_s:
+        busy = busy_cores()
+    state: dict[str, float | int] = {
+        "waited_s": round(now() - start, 2),
+        "busy_cores": round(busy, 3),
+    }
+    return state

@@ -91,6 +91,31 @@ def transactions_after_quiet(url: str, wait_s: float = 0.5) -> int:
     return transactions(url)
 
 
+def backend_pids(url: str) -> list[int]:
+    """Other sessions connected to the same database (e.g. the workers' backends)."""
+    rows = execute(
+        url,
+        "SELECT pid FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    return [int(r[0]) for r in rows]
+
+
+def other_databases_activity(url: str) -> dict[str, int]:
+    """Sessions in other databases: running a statement now, and holding an xid/xmin.
+
+    The latter matter for (e): an open transaction anywhere in the cluster holds
+    back every snapshot's xmin, so dead index entries cannot be marked dead.
+    """
+    active, in_xact = execute(
+        url,
+        "SELECT count(*) FILTER (WHERE state = 'active'), "
+        "count(*) FILTER (WHERE backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) "
+        "FROM pg_stat_activity WHERE datname IS NOT NULL AND datname <> current_database()",
+    )[0]
+    return {"other_db_active": int(active), "other_db_in_xact": int(in_xact)}
+
+
 def server_settings(url: str) -> dict[str, str]:
     rows = execute(
         url,

@@ -10,7 +10,7 @@ from functools import partial
 from typing import Any
 
 from bench.harness import pg
-from bench.harness.measure import median, now, percentile, run_on_schedule
+from bench.harness.measure import median, now, percentile, run_on_schedule, wait_until_quiet
 from bench.harness.workers import run_workers
 from bench.systems.base import CheckoutCase, Options, Row, RunShape, System, WorkerConfig
 
@@ -29,6 +29,7 @@ class Plan:
     checkout_samples: int
     checkout_ready: int
     quick: bool
+    quiet_wait_s: float  # max wait for an idle machine before each timed phase
     options: Options
 
     @property
@@ -38,6 +39,18 @@ class Plan:
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def quiet(url: str, plan: Plan, what: str) -> dict[str, float | int]:
+    """Wait (bounded) for an idle machine; note other databases' activity."""
+    state = wait_until_quiet(plan.quiet_wait_s)
+    state.update(pg.other_databases_activity(url))
+    if state["waited_s"] >= 1 or state["busy_cores"] > 0.3:
+        log(
+            f"  {what}: machine busy ({state['busy_cores']:.2f} cores after waiting "
+            f"{state['waited_s']:.0f} s; {state['other_db_active']} active sessions in other DBs)"
+        )
+    return state
 
 
 @dataclass
@@ -107,9 +120,11 @@ def _enqueue_metric(
     run: Callable[[Sequence[int]], float],
 ) -> None:
     rates: list[float] = []
+    quiets: list[dict[str, float | int]] = []
     for _ in range(plan.reps):
         system.reset(url)
         pg.execute(url, "CHECKPOINT")
+        quiets.append(quiet(url, plan, f"{system.name} {metric}"))
         elapsed = run(range(n))
         got = system.job_count(url)
         if got != n:
@@ -119,6 +134,7 @@ def _enqueue_metric(
     out.details.setdefault("enqueue", {})[f"{variant}/{metric}"] = {
         "jobs": n,
         "per_rep_jobs_per_s": rates,
+        "quiet_before": quiets,
     }
     log(f"{system.name} [{variant}] {metric}: {median(rates):,.0f} jobs/s")
 
@@ -131,6 +147,7 @@ def _drain(system: System, url: str, plan: Plan, cfg: WorkerConfig, out: SystemR
         system.reset(url)
         system.prefill(url, list(range(n)))
         pg.settle(url, system.tables(url))
+        before = quiet(url, plan, f"{system.name} [{cfg.label}] drain")
         x0 = pg.transactions(url)
         pool = run_workers(system.name, url, cfg, count=plan.workers, listening=False)
         x1 = pg.transactions_after_quiet(url)
@@ -142,7 +159,12 @@ def _drain(system: System, url: str, plan: Plan, cfg: WorkerConfig, out: SystemR
             "jobs_per_s": n / seconds,
             "worker_cpu_us_per_job": pool.worker_cpu_s / n * 1e6,
             "rest_cpu_us_per_job": rest_cpu / n * 1e6,
+            "backend_cpu_us_per_job": pool.backend_cpu_s / n * 1e6,
+            # rest minus this database's backends: PostgreSQL's background
+            # processes, the driver, and anything else running on the machine
+            "outside_cpu_us_per_job": max(rest_cpu - pool.backend_cpu_s, 0.0) / n * 1e6,
             "machine_busy_s": pool.machine_busy_s,
+            "quiet_before": before,
             "server_xacts_per_job": (x1 - x0) / n,
             "verified": check.verified,
             "check": check.detail,
@@ -156,6 +178,8 @@ def _drain(system: System, url: str, plan: Plan, cfg: WorkerConfig, out: SystemR
         ("drain", "jobs_per_s", "jobs/s"),
         ("drain_worker_cpu", "worker_cpu_us_per_job", "us/job"),
         ("drain_rest_cpu", "rest_cpu_us_per_job", "us/job"),
+        ("drain_backend_cpu", "backend_cpu_us_per_job", "us/job"),
+        ("drain_outside_cpu", "outside_cpu_us_per_job", "us/job"),
         ("drain_server_xacts", "server_xacts_per_job", "xacts/job"),
     ):
         out.add(system.name, cfg.label, metric, median([r[key] for r in reps]), unit)
@@ -173,6 +197,7 @@ def _latency(system: System, url: str, plan: Plan, cfg: WorkerConfig, out: Syste
     for _ in range(plan.reps):
         system.reset(url)
         pg.settle(url, system.tables(url))
+        before = quiet(url, plan, f"{system.name} [{cfg.label}] latency")
         sent: dict[int, tuple[float, float]] = {}
         total = plan.latency_warmup + plan.latency_jobs
 
@@ -203,7 +228,7 @@ def _latency(system: System, url: str, plan: Plan, cfg: WorkerConfig, out: Syste
         starts: dict[int, float] = {}
         for r in pool.reports:
             starts.update(r.starts)
-        reps.append(_latency_stats(sent, starts))
+        reps.append({**_latency_stats(sent, starts), "quiet_before": before})
     out.details.setdefault("latency", {})[cfg.label] = {"params": cfg.params, "reps": reps}
     for p in (50, 95, 99):
         value = median([r[f"p{p}_ms"] for r in reps])
@@ -265,6 +290,7 @@ def _checkout(system: System, url: str, plan: Plan, out: SystemResult) -> None:
         if probe is None:
             return
         prep_s = now() - t_prep
+        before = quiet(url, plan, f"{system.name} checkout [{case.label}]")
         try:
             p50s: list[float] = []
             p95s: list[float] = []
@@ -291,6 +317,7 @@ def _checkout(system: System, url: str, plan: Plan, out: SystemResult) -> None:
             "table_bytes": probe.table_bytes,
             "index_bytes": probe.index_bytes,
             "prepare_s": prep_s,
+            "quiet_before": before,
             "p50_ms_per_rep": p50s,
             "p95_ms_per_rep": p95s,
             "first_ms_per_rep": firsts,

@@ -17,6 +17,7 @@ STANDARD_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("drain", "(c) drain throughput", "jobs/s", True),
     MetricSpec("drain_worker_cpu", "(c) drain: worker CPU", "µs/job", False),
     MetricSpec("drain_rest_cpu", "(c) drain: rest-of-machine CPU (≈ PostgreSQL)", "µs/job", False),
+    MetricSpec("drain_backend_cpu", "(c) drain: CPU of this database's backends", "µs/job", False),
     MetricSpec("drain_server_xacts", "(c) drain: server transactions", "xacts/job", False),
     MetricSpec("latency_p50", "(d) idle wake-up latency p50", "ms", False),
     MetricSpec("latency_p95", "(d) idle wake-up latency p95", "ms", False),
@@ -26,6 +27,7 @@ STANDARD_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("checkout_first", "(e) first checkout after setup", "ms", False, per_config=True),
 )
 CHECKS = ("drain_verified", "latency_complete")
+NOT_TABLED = (*CHECKS, "drain_outside_cpu")
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ def markdown(
     labeled = [Labeled(r, r.system in peers) for r in rows]
     standard = {s.key for s in STANDARD_METRICS}
     specs = list(STANDARD_METRICS) + [s for s in extra_specs if s.key not in standard]
-    known = {s.key for s in specs} | set(CHECKS)
+    known = {s.key for s in specs} | set(NOT_TABLED)
     for r in rows:  # metrics nobody declared still get a table
         if r.metric not in known:
             specs.append(MetricSpec(r.metric, r.metric, r.unit, False, per_config=True))
@@ -131,6 +133,7 @@ def markdown(
     for spec in specs:
         lines += metric_table(spec, labeled)
     lines += _checks(rows)
+    lines += _outside_load(rows)
     lines += _checkout_details(details)
     return "\n".join(lines)
 
@@ -149,6 +152,22 @@ def _checks(rows: list[Row]) -> list[str]:
     for r in bad:
         lines.append(f"* FAILED: {r.system} [{r.config}] {r.metric}")
     return lines + [""]
+
+
+def _outside_load(rows: list[Row]) -> list[str]:
+    """How much CPU went elsewhere during the drains (the machine may be shared)."""
+    outside = [r for r in rows if r.metric == "drain_outside_cpu"]
+    if not outside:
+        return []
+    cells = ", ".join(f"{r.system} {r.config} {_fmt(r.value)}" for r in outside)
+    return [
+        "### Outside load during drains",
+        "",
+        "CPU µs/job spent outside the workers and this database's backends (PostgreSQL "
+        "background processes, the driver, and anything else on the machine); large "
+        f"values mean the drain shared the machine: {cells}.",
+        "",
+    ]
 
 
 def _checkout_details(details: dict[str, Any]) -> list[str]:

@@ -5,6 +5,11 @@ Each worker is a fresh `spawn` process. Inside it the system's `work()` gets a
 the driver releases everyone), runs, and calls `gate.ran()` as soon as its run
 call returns. The driver's clock starts at release; CPU per worker is
 `time.process_time()` between release and `ran()`.
+
+`ran()` reports to the driver at once and waits for an acknowledgement, so the
+workers' database sessions are still open when the driver takes its CPU
+snapshot: the CPU of this database's backends is read from /proc directly,
+which keeps that figure clean even when something else loads the machine.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.harness.measure import machine_busy_seconds, now
+from bench.harness.measure import machine_busy_seconds, now, process_cpu_seconds
 
 SPAWN = mp.get_context("spawn")
 
@@ -51,12 +56,12 @@ class Gate:
     # -- start ----------------------------------------------------------
     def arrive(self) -> None:
         """Report ready, then block until the driver releases all workers."""
-        self._ch.events.put(("ready", self.idx))
+        self._ch.events.put(("ready", self.idx, None))
         self._ch.release.wait()
         self._mark_release()
 
     async def arrive_async(self) -> None:
-        self._ch.events.put(("ready", self.idx))
+        self._ch.events.put(("ready", self.idx, None))
         await asyncio.to_thread(self._ch.release.wait)
         self._mark_release()
 
@@ -80,9 +85,17 @@ class Gate:
 
     # -- end --------------------------------------------------------------
     def ran(self) -> None:
-        """Call right after the system's run call returns (stops the worker's clock)."""
+        """Call right after the system's run call returns (stops the worker's clock).
+
+        Blocks briefly until the driver has taken its CPU snapshot; close the
+        connections only after this returns.
+        """
+        if self._t_end is not None:
+            return
         self._t_end = now()
         self._cpu_end = time.process_time()
+        self._ch.events.put(("ran", self.idx, None))
+        self._ch.collected.wait(timeout=120)
 
     def report(self) -> WorkerReport:
         if self._t_end is None:
@@ -98,9 +111,10 @@ class Gate:
 
 @dataclass
 class _Channels:
-    events: Any  # multiprocessing queue: ("ready", idx) | ("done", idx, report) | ("error", ...)
-    release: Any  # multiprocessing Event
-    stop: Any  # multiprocessing Event
+    events: Any  # multiprocessing queue of (kind, idx, payload); kind: ready|ran|done|error
+    release: Any  # multiprocessing Event: start working
+    stop: Any  # multiprocessing Event: listening workers stop
+    collected: Any  # multiprocessing Event: the driver has its end-of-run snapshot
 
 
 def _worker_main(
@@ -121,7 +135,8 @@ def _worker_main(
 class PoolOutcome:
     t_release: float
     reports: list[WorkerReport]
-    machine_busy_s: float  # all cores, release -> last report
+    machine_busy_s: float  # all cores, release -> last ran()
+    backend_cpu_s: float  # CPU of the database's sessions (workers' backends), same window
 
     @property
     def t_last_end(self) -> float:
@@ -147,7 +162,11 @@ def run_workers(
     `while_running` (latency test) runs in the driver right after release; the
     stop event is set when it returns.
     """
-    ch = _Channels(events=SPAWN.Queue(), release=SPAWN.Event(), stop=SPAWN.Event())
+    from bench.harness.pg import backend_pids
+
+    ch = _Channels(
+        events=SPAWN.Queue(), release=SPAWN.Event(), stop=SPAWN.Event(), collected=SPAWN.Event()
+    )
     procs = [
         SPAWN.Process(
             target=_worker_main,
@@ -161,21 +180,30 @@ def run_workers(
         p.start()
     try:
         _collect(ch, procs, "ready", count, deadline=time.monotonic() + 120)
+        backends = {pid: process_cpu_seconds(pid) for pid in backend_pids(url)}
         busy0 = machine_busy_seconds()
         t_release = now()
         ch.release.set()
         if while_running is not None:
             while_running()
             ch.stop.set()
-        done = _collect(ch, procs, "done", count, deadline=time.monotonic() + timeout_s)
+        _collect(ch, procs, "ran", count, deadline=time.monotonic() + timeout_s)
         busy = machine_busy_seconds() - busy0
+        backend_cpu = 0.0
+        for pid, before in backends.items():
+            after = process_cpu_seconds(pid)
+            if before is not None and after is not None:
+                backend_cpu += after - before
+        ch.collected.set()
+        done = _collect(ch, procs, "done", count, deadline=time.monotonic() + 120)
         for p in procs:
             p.join(timeout=30)
         reports = [done[i] for i in range(count)]
-        return PoolOutcome(t_release=t_release, reports=reports, machine_busy_s=busy)
+        return PoolOutcome(t_release, reports, machine_busy_s=busy, backend_cpu_s=backend_cpu)
     finally:
         ch.stop.set()
         ch.release.set()
+        ch.collected.set()
         for p in procs:
             if p.is_alive():
                 p.terminate()
@@ -199,5 +227,5 @@ def _collect(
         if msg[0] == "error":
             raise WorkerError(f"worker {msg[1]} failed:\n{msg[2]}")
         if msg[0] == kind:
-            got[msg[1]] = msg[2] if len(msg) > 2 else None
+            got[msg[1]] = msg[2]
     return got
