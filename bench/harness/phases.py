@@ -48,7 +48,8 @@ def quiet(url: str, plan: Plan, what: str) -> dict[str, float | int]:
     if state["waited_s"] >= 1 or state["busy_cores"] > 0.3:
         log(
             f"  {what}: machine busy ({state['busy_cores']:.2f} cores after waiting "
-            f"{state['waited_s']:.0f} s; {state['other_db_active']} active sessions in other DBs)"
+            f"{state['waited_s']:.0f} s; other DBs: {state['other_db_active']} active, "
+            f"{state['other_db_in_xact']} in a transaction)"
         )
     return state
 
