@@ -1,0 +1,1 @@
+"""Side-by-side benchmark of PostgreSQL job queues (see bench/README.md)."""

@@ -1,0 +1,1 @@
+"""Measurement machinery shared by every benchmarked system."""
