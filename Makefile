@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed-dev
 
 .PHONY: install test lint typecheck docs pytest demo clean
 
+include bench/Makefile.inc
+
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -e '.[dev,embedded]'
