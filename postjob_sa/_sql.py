@@ -81,7 +81,7 @@ JOB_ENQUEUE = text(
     "workflow_version, tags, parent_id, next_run_at) "
     "VALUES (:workflow, CAST(:args AS jsonb), :queue, :max_attempts, :timeout, :version, "
     "CAST(:tags AS jsonb), :parent_id, COALESCE(:run_at, now())) "
-    "RETURNING id, root_id, full_id, created_at, next_run_at, timing_out_at"
+    "RETURNING id, root_id, full_id"
 )
 
 JOB_ENQUEUE_MANY = text(

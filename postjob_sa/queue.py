@@ -106,7 +106,7 @@ class JobQueue:
         opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
         if parent_id is not None:
             self._require_job(_validate.job_id(parent_id))
-        row = self.session.execute(
+        row = self.session.connection().execute(
             _sql.JOB_ENQUEUE,
             {
                 "workflow": name, "args": args_json, "queue": opts["queue"],
@@ -115,19 +115,12 @@ class JobQueue:
                 "parent_id": parent_id, "run_at": opts["run_at"],
             },
         ).one()
-        # The row is known in full: hand back a persistent Job without another query.
+        # A persistent Job without another query: what the caller is likely to read is set,
+        # the rest (timestamps, ...) loads on first access.
         job = Job(
             id=row.id, parent_id=parent_id, root_id=row.root_id, full_id=row.full_id,
-            created_at=row.created_at, updated_at=row.created_at, queue=opts["queue"],
-            workflow=name, workflow_method="run", workflow_version=opts["workflow_version"],
-            args=json.loads(args_json), status=Status.ready, next_run_at=row.next_run_at,
-            timeout=opts["timeout"], timing_out_at=row.timing_out_at, failed_attempts=0,
-            max_attempts=opts["max_attempts"], results=None, error=None, error_message=None,
-            error_backtrace=None, workflow_status=None,
-            tags=json.loads(opts["tags"]) if opts["tags"] else None, awaiting_id=None,
-            processing_client=None, processing_client_identifier=None,
-            processing_started_at=None, processing_max_duration=None, lease_expires_at=None,
-            lease_token=None,
+            workflow=name, args=json.loads(args_json), queue=opts["queue"], status=Status.ready,
+            workflow_version=opts["workflow_version"], max_attempts=opts["max_attempts"],
         )
         make_transient_to_detached(job)
         self.session.add(job)

@@ -63,7 +63,9 @@ CREATE TABLE postjob.postjobs (
   CONSTRAINT postjobs_args_array CHECK (jsonb_typeof(args) = 'array'),
   CONSTRAINT postjobs_tags_object CHECK (tags IS NULL OR jsonb_typeof(tags) = 'object'),
   CONSTRAINT postjobs_max_attempts_positive CHECK (max_attempts >= 1),
-  CONSTRAINT postjobs_timeout_positive CHECK (timeout IS NULL OR timeout > 0)
+  CONSTRAINT postjobs_timeout_positive CHECK (timeout IS NULL OR timeout > 0),
+  CONSTRAINT postjobs_lease_while_processing
+    CHECK ((status = 'processing') = (lease_token IS NOT NULL))
 ) WITH (fillfactor = 90);
 
 CREATE INDEX postjobs_runnable_idx ON postjob.postjobs (next_run_at)
@@ -333,23 +335,14 @@ CREATE FUNCTION postjob.checkout(
   p_limit integer DEFAULT 1,
   p_lease double precision DEFAULT 60,
   p_fast_mode boolean DEFAULT false)
-RETURNS SETOF postjob.postjobs LANGUAGE plpgsql AS $$
+RETURNS SETOF postjob.postjobs LANGUAGE plpgsql
+-- One cached plan, whatever p_limit: custom plans would be re-planned on every call (their
+-- estimate beats the generic one's), and the shape above is right for any limit.
+SET plan_cache_mode = force_generic_plan
+AS $$
 BEGIN
   PERFORM postjob.reap(p_fast_mode);
   RETURN QUERY
-  WITH candidates AS (
-    SELECT s.id FROM postjob.postjobs s
-    WHERE s.status IN ('ready', 'err')
-      AND s.next_run_at <= statement_timestamp()
-      AND (s.timing_out_at IS NULL OR s.timing_out_at > statement_timestamp())
-      AND (p_queues IS NULL OR s.queue = ANY (p_queues))
-      AND EXISTS (SELECT 1 FROM unnest(p_workflows, p_versions) AS w(name, version)
-                  WHERE w.name = s.workflow
-                    AND (s.workflow_version = '' OR s.workflow_version = w.version))
-    ORDER BY s.next_run_at
-    LIMIT p_limit
-    FOR UPDATE SKIP LOCKED
-  )
   UPDATE postjob.postjobs j SET
     status = 'processing',
     next_run_at = NULL,
@@ -364,8 +357,18 @@ BEGIN
     lease_expires_at = statement_timestamp() + p_lease * interval '1 second',
     lease_token = nextval('postjob.lease_tokens'),
     updated_at = statement_timestamp()
-  FROM candidates c
-  WHERE j.id = c.id
+  WHERE j.id = ANY (ARRAY(
+    SELECT s.id FROM postjob.postjobs s
+    WHERE s.status IN ('ready', 'err')
+      AND s.next_run_at <= statement_timestamp()
+      AND (s.timing_out_at IS NULL OR s.timing_out_at > statement_timestamp())
+      AND (p_queues IS NULL OR s.queue = ANY (p_queues))
+      AND EXISTS (SELECT 1 FROM unnest(p_workflows, p_versions) AS w(name, version)
+                  WHERE w.name = s.workflow
+                    AND (s.workflow_version = '' OR s.workflow_version = w.version))
+    ORDER BY s.next_run_at
+    LIMIT p_limit
+    FOR UPDATE SKIP LOCKED))
   RETURNING j.*;
 END;
 $$;
@@ -400,7 +403,7 @@ RETURNS integer LANGUAGE sql AS $$
       lease_expires_at = statement_timestamp() + p_lease * interval '1 second',
       processing_max_duration = EXTRACT(EPOCH FROM statement_timestamp() - j.processing_started_at) + p_lease
     FROM unnest(p_ids, p_lease_tokens) AS h(id, lease_token)
-    WHERE j.id = h.id AND j.status = 'processing' AND j.lease_token = h.lease_token
+    WHERE j.id = h.id AND j.lease_token = h.lease_token
     RETURNING 1
   )
   SELECT count(*)::integer FROM extended
@@ -491,7 +494,10 @@ BEGIN
     FROM unnest(p_ids, p_lease_tokens, p_outcomes, p_results, p_errors, p_messages,
                 p_backtraces, p_versions, p_awaiting)
       AS i(id, lease_token, outcome, result, error, message, backtrace, version, awaiting)
-    WHERE j.id = i.id AND j.status = 'processing' AND j.lease_token = i.lease_token
+    -- the lease token alone fences: it is set exactly while the job is processing (a check
+    -- constraint says so), and matching it rather than the status keeps the planner on the
+    -- primary key instead of the partial index of processing jobs
+    WHERE j.id = i.id AND j.lease_token = i.lease_token
     RETURNING j.id, j.status, j.parent_id
   )
   SELECT array_agg(id),
