@@ -36,7 +36,9 @@ def tree(db_url: URL, engine: Engine) -> dict[str, int]:
         conn.execute(text(
             "UPDATE postjob.postjobs SET status = 'processing', processing_started_at = now(), "
             "processing_max_duration = 60, processing_client = '10.0.0.1:5000', "
-            "processing_client_identifier = 'host:123', next_run_at = NULL WHERE id = :id"),
+            "processing_client_identifier = 'host:123', next_run_at = NULL, "
+            "lease_token = nextval('postjob.lease_tokens'), "
+            "lease_expires_at = now() + interval '60 seconds' WHERE id = :id"),
             {"id": busy})
     return {"root": root, "child": child, "failed": failed, "busy": busy}
 

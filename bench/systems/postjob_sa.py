@@ -334,8 +334,9 @@ def _stop_on_gate(gate: Gate) -> None:
 
 
 def _fan_worker(url: str, batch: int, root_id: int, go: Any, out: Any) -> None:
-    import postjob_sa
     from sqlalchemy import text
+
+    import postjob_sa
 
     _register()
     s = _session(url)
