@@ -8,7 +8,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from postjob_sa.context import Pending, _RunContext, running
+from postjob_sa.context import Pending, _RunContext, enter, leave
 from postjob_sa.errors import NonRecoverable, ResultNotJSON
 from postjob_sa.registry import Workflow
 
@@ -53,43 +53,56 @@ def _error_outcome(ctx: _RunContext, wf: Workflow[Any, Any], kind: str, exc: Bas
     )
 
 
+_RESULT_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
 def run_job(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
     """Call the workflow with the job's args inside the job context; never raises (but Abort)."""
+    token = enter(ctx)
+    try:
+        return _run(ctx, wf)
+    finally:
+        leave(token)
+
+
+def _run(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
     job = ctx.job
-    with running(ctx):
+    try:
+        if wf.transactional:
+            value = wf.fn(ctx.session, *job.args)
+        else:
+            value = wf.fn(*job.args)
+    except Pending as pending:
         try:
-            if wf.transactional:
-                value = wf.fn(ctx.session, *job.args)
-            else:
-                value = wf.fn(*job.args)
-        except Pending as pending:
-            try:
-                ctx.flush_children()
-            except Exception as exc:  # the children could not be written: retry the run
-                return _error_outcome(ctx, wf, "err", exc)
-            return Outcome(job.id, job.lease_token, "sleep", version=wf.version,
-                           awaiting=pending.child_id)
-        except NonRecoverable as exc:
-            return _error_outcome(ctx, wf, "failed", exc)
-        except Exception as exc:
-            try:
-                ctx.flush_children()
-            except Exception:
-                log.exception("job %s: could not create its spawned children", job.id)
+            ctx.flush_children()
+        except Exception as exc:  # the children could not be written: retry the run
             return _error_outcome(ctx, wf, "err", exc)
+        return Outcome(job.id, job.lease_token, "sleep", version=wf.version,
+                       awaiting=pending.child_id)
+    except NonRecoverable as exc:
+        return _error_outcome(ctx, wf, "failed", exc)
+    except Exception as exc:
+        try:
+            ctx.flush_children()
+        except Exception:
+            log.exception("job %s: could not create its spawned children", job.id)
+        return _error_outcome(ctx, wf, "err", exc)
+    if ctx.pending:
         try:
             ctx.flush_children()
         except Exception as exc:
             return _error_outcome(ctx, wf, "err", exc)
-        try:
-            result = json.dumps([value], allow_nan=False, separators=(",", ":"))
-        except (TypeError, ValueError) as exc:
-            err = ResultNotJSON(f"the workflow returned a value that is not JSON: {exc}")
-            return _error_outcome(ctx, wf, "failed", err)
-        if "\\u0000" in result:
-            err = ResultNotJSON("the workflow returned a string with a NUL character")
-            return _error_outcome(ctx, wf, "failed", err)
-        return Outcome(job.id, job.lease_token, "ok", result=result, version=wf.version)
+    if value is None:
+        return Outcome(job.id, job.lease_token, "ok", result="[null]", version=wf.version)
+    try:
+        result = _RESULT_ENCODER.encode([value])
+    except (TypeError, ValueError) as exc:
+        err = ResultNotJSON(f"the workflow returned a value that is not JSON: {exc}")
+        return _error_outcome(ctx, wf, "failed", err)
+    if "\\u0000" in result:
+        err = ResultNotJSON("the workflow returned a string with a NUL character")
+        return _error_outcome(ctx, wf, "failed", err)
+    return Outcome(job.id, job.lease_token, "ok", result=result, version=wf.version)
 
 
 def finish_params(outcomes: list[Outcome], fast: bool) -> dict[str, Any]:

@@ -19,6 +19,9 @@ WORKER_PREPARE_DBAPI = (
     "SELECT id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, "
     "parent_id FROM postjob.finish_and_checkout("
     "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15); "
+    "PREPARE postjob_checkout (text[], text[], text[], integer, double precision, boolean) AS "
+    "SELECT id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, "
+    "parent_id FROM postjob.checkout($1, $2, $3, $4, $5, $6); "
     "PREPARE postjob_time_to_next (text[], text[], text[]) AS "
     "SELECT postjob.time_to_next_job($1, $2, $3)"
 )
@@ -28,6 +31,12 @@ WORKER_CYCLE_DBAPI = (
     "%(results)s::jsonb[], %(errors)s::text[], %(messages)s::text[], %(backtraces)s::jsonb[], "
     "%(versions)s::text[], %(awaiting)s::bigint[], %(workflows)s::text[], "
     "%(workflow_versions)s::text[], %(queues)s::text[], %(limit)s, %(lease)s, %(fast)s)"
+)
+
+#: The cycle when there is nothing to record (after a wait): checkout alone.
+WORKER_CHECKOUT_DBAPI = (
+    "EXECUTE postjob_checkout (%(workflows)s::text[], %(workflow_versions)s::text[], "
+    "%(queues)s::text[], %(limit)s, %(lease)s, %(fast)s)"
 )
 
 WORKER_TIME_TO_NEXT_DBAPI = (

@@ -16,6 +16,9 @@ MAX_ATTEMPTS_LIMIT = 1000
 MAX_TIMEOUT_SECONDS = 366 * 24 * 3600.0
 MAX_NAME_LENGTH = 200
 
+# one strict encoder, reused (json.dumps with options builds a new encoder per call)
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
 
 def name(value: object, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
@@ -30,7 +33,7 @@ def name(value: object, what: str) -> str:
 def to_json(value: Any, what: str) -> str:
     """Encode as strict JSON (no NaN/Infinity); InvalidArgument if it is not JSON."""
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"{what} must be JSON-serialisable: {exc}") from None
     if "\\u0000" in text:
@@ -41,8 +44,8 @@ def to_json(value: Any, what: str) -> str:
 def args_json(args: Any) -> str:
     if isinstance(args, (str, bytes, Mapping)) or not isinstance(args, (list, tuple)):
         raise InvalidArgument(f"args must be a list of positional arguments, not {args!r}")
-    text = to_json(list(args), "args")
-    if len(text.encode()) > MAX_ARGS_BYTES:
+    text = to_json(args if isinstance(args, list) else list(args), "args")
+    if len(text) * 4 > MAX_ARGS_BYTES and len(text.encode()) > MAX_ARGS_BYTES:
         raise InvalidArgument(f"args are {len(text.encode())} bytes of JSON; the limit is {MAX_ARGS_BYTES}")
     return text
 

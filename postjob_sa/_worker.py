@@ -217,13 +217,17 @@ class Worker:
         """Record the buffered outcomes and check out up to ``limit`` jobs: one round trip."""
         batch = self.buffer
         names, versions = self.lease_pairs
-        params = finish_params(batch, self.q.fast_mode)
-        params.update(
-            workflows=names, workflow_versions=versions, queues=self.opts.queues,
-            limit=limit, lease=self.q.lease,
-        )
+        checkout = {
+            "workflows": names, "workflow_versions": versions, "queues": self.opts.queues,
+            "limit": limit, "lease": self.q.lease, "fast": self.q.fast_mode,
+        }
         with self.conn.cursor() as cur:
-            cur.execute(_sql.WORKER_CYCLE_DBAPI, params)
+            if batch:
+                params = finish_params(batch, self.q.fast_mode)
+                params.update(checkout)
+                cur.execute(_sql.WORKER_CYCLE_DBAPI, params)
+            else:
+                cur.execute(_sql.WORKER_CHECKOUT_DBAPI, checkout)
             rows: list[Any] = cur.fetchall()
         self.buffer = []
         if batch:
@@ -243,19 +247,19 @@ class Worker:
         rows = self._cycle(self._remaining())
         if not rows:
             return 0
-        jobs = [_running_job(r) for r in rows]
+        jobs = [RunningJob(*r) for r in rows]
         self.heartbeat.hold({j.id: j.lease_token for j in jobs if j.lease_token is not None})
+        registry = self.q.registry.workflows
+        cursor = self.conn.cursor
+        info = log.isEnabledFor(logging.INFO)
         for index, job in enumerate(jobs):
             if self.stop_requested:
                 self._release(jobs[index:])
                 break
-            wf = self.q.registry.get(job.workflow)
-            assert wf is not None, job.workflow
-            ctx = _RunContext(job, cursor_factory=self.conn.cursor)
             started = time.monotonic()
             self._in_job = True
             try:
-                outcome = run_job(ctx, wf)
+                outcome = run_job(_RunContext(job, cursor_factory=cursor), registry[job.workflow])
             except Abort:
                 self._in_job = False
                 log.warning("job %s interrupted: released for retry", job.id)
@@ -264,19 +268,17 @@ class Worker:
                 raise
             finally:
                 self._in_job = False
-            self._record(outcome, time.monotonic() - started)
-        return len(jobs)
-
-    def _record(self, outcome: Outcome, took: float) -> None:
-        if not self.buffer:
-            self.buffer_since = time.monotonic()
-        self.buffer.append(outcome)
-        if outcome.kind != "release":
+            ended = time.monotonic()
+            if info:
+                log.info("job %s: %s in %.1f ms", job.id, outcome.kind, (ended - started) * 1000)
+            if not self.buffer:
+                self.buffer_since = ended
+            self.buffer.append(outcome)
             self.processed += 1
-            self.last_job_id = outcome.job_id
-            log.info("job %s: %s in %.1f ms", outcome.job_id, outcome.kind, took * 1000)
-        if time.monotonic() - self.buffer_since >= FLUSH_INTERVAL:
-            self._flush()
+            self.last_job_id = job.id
+            if ended - self.buffer_since >= FLUSH_INTERVAL:
+                self._flush()
+        return len(jobs)
 
     def _release(self, jobs: list[RunningJob]) -> None:
         for job in jobs:
@@ -359,13 +361,8 @@ class Worker:
 
 
 def _running_job(row: Any) -> RunningJob:
-    if isinstance(row, tuple):
-        id_, lease, wf, version, args, queue, root_id, full_id, parent_id = row
-    else:
-        id_, lease, wf, version = row["id"], row["lease_token"], row["workflow"], row["workflow_version"]
-        args, queue, root_id, full_id = row["args"], row["queue"], row["root_id"], row["full_id"]
-        parent_id = row["parent_id"]
+    """A RunningJob from a mapping row (the transactional path's full checkout row)."""
     return RunningJob(
-        id=id_, workflow=wf, workflow_version=version, args=list(args or []), queue=queue,
-        root_id=root_id, full_id=full_id, parent_id=parent_id, lease_token=lease,
+        row["id"], row["lease_token"], row["workflow"], row["workflow_version"], row["args"],
+        row["queue"], row["root_id"], row["full_id"], row["parent_id"],
     )

@@ -9,11 +9,10 @@ child's result, raises :class:`ChildFailed`, or suspends the parent until the ch
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from postjob_sa import _sql, _validate
 from postjob_sa.errors import ChildFailed, NotInJob
@@ -33,11 +32,12 @@ class Pending(BaseException):
         self.child_id = child_id
 
 
-@dataclass(frozen=True)
-class RunningJob:
-    """The job whose workflow is running (see :func:`current_job`)."""
+class RunningJob(NamedTuple):
+    """The job whose workflow is running (see :func:`current_job`); fields in the order of the
+    worker's checkout columns."""
 
     id: int
+    lease_token: int | None
     workflow: str
     workflow_version: str
     args: list[Any]
@@ -45,7 +45,6 @@ class RunningJob:
     root_id: int
     full_id: str
     parent_id: int | None
-    lease_token: int | None
 
 
 @dataclass
@@ -184,13 +183,13 @@ def _context() -> _RunContext:
     return ctx
 
 
-@contextmanager
-def running(ctx: _RunContext) -> Iterator[_RunContext]:
-    token = _current.set(ctx)
-    try:
-        yield ctx
-    finally:
-        _current.reset(token)
+def enter(ctx: _RunContext) -> Token[_RunContext | None]:
+    """Make ctx the running job's context (undo with leave)."""
+    return _current.set(ctx)
+
+
+def leave(token: Token[_RunContext | None]) -> None:
+    _current.reset(token)
 
 
 def _canonical(args: Any) -> str:

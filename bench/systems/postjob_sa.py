@@ -240,16 +240,20 @@ class PostjobSA(System):
         global _gate
         _gate = gate
         _register()
+        from postjob_sa._worker import Worker, WorkerOptions
+
         s = _session(url)
         q = postjob_sa.JobQueue(s, batch_size=int(config.params["batch"]))
+        # JobQueue.work()/drain(), with the connections kept open until the driver has read
+        # their backends' CPU (gate.ran() blocks until then)
+        worker = Worker(q, WorkerOptions(batch=q.batch_size, until_idle=not gate.listening))
+        disconnect, worker._disconnect = worker._disconnect, lambda: None  # type: ignore[method-assign]
         if gate.listening:
             threading.Thread(target=_stop_on_gate, args=(gate,), daemon=True).start()
-            gate.arrive()
-            q.work()
-        else:
-            gate.arrive()
-            q.drain()
+        gate.arrive()
+        worker.run()
         gate.ran()
+        disconnect()
         _close(s)
 
     def verify_drain(self, url: str, jobs: int) -> DrainCheck:
