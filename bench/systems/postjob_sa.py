@@ -248,7 +248,9 @@ class PostjobSA(System):
         # their backends' CPU (gate.ran() blocks until then)
         worker = Worker(q, WorkerOptions(batch=q.batch_size, until_idle=not gate.listening))
         disconnect, worker._disconnect = worker._disconnect, lambda: None  # type: ignore[method-assign]
+        worker._connect()  # connected before the driver lists this database's backends
         if gate.listening:
+            worker.listener.start()
             threading.Thread(target=_stop_on_gate, args=(gate,), daemon=True).start()
         gate.arrive()
         worker.run()
