@@ -264,7 +264,13 @@ class Worker:
                 raise
             finally:
                 self._in_job = False
-            self._record(outcome, time.monotonic() - started)
+            try:
+                self._record(outcome, time.monotonic() - started)
+            except BaseException:
+                # the flush failed (connection lost): hand the jobs not yet run back with the
+                # buffered outcomes after the reconnect; else the heartbeat holds them for ever
+                self._release(jobs[index + 1:])
+                raise
         return len(jobs)
 
     def _record(self, outcome: Outcome, took: float) -> None:

@@ -40,7 +40,7 @@ class WorkerProcess:
     """One ``postjob run`` process; its stderr goes to a file (read with ``log()``)."""
 
     def __init__(self, url: URL, *args: str, env: dict[str, str] | None = None):
-        self.logfile = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
+        self.logfile = tempfile.NamedTemporaryFile(  # closed in stop()
             prefix="postjob-worker-", suffix=".log", delete=False
         )
         argv = [POSTJOB, "--database-url", url_string(url), "run", "--import", APP, *args]

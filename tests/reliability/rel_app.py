@@ -81,3 +81,20 @@ def parent(key: int, seconds: float) -> int:
     record(f"spawned {handle.id}")
     time.sleep(seconds)
     return int(handle.result()) + 1
+
+
+@postjob_sa.workflow(name="rel.cut")
+def cut(seconds: float) -> str:
+    """Terminates the worker's own main connection (an outage as seen by one worker), then
+    works on for longer than the worker's flush interval."""
+    global _conn
+    record("cut")
+    assert _conn is not None
+    with _conn.cursor() as cur:
+        cur.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND query LIKE 'EXECUTE postjob%%'"
+        )
+    time.sleep(seconds)
+    return "cut"
