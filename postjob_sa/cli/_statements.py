@@ -5,6 +5,7 @@ planner folds the unused branch away and the GIN index still serves a tag filter
 
 from __future__ import annotations
 
+from psycopg2 import sql as pgsql
 from sqlalchemy import text
 
 # Every statement is one literal: nothing is composed with f-strings, % or .format() (a test
@@ -87,3 +88,22 @@ PRUNE_BATCH = text(
     "         RETURNING j.parent_id) "
     "SELECT count(*) FILTER (WHERE parent_id IS NULL), count(*) FROM gone"
 )
+
+# -- least privilege (``postjob db grant ROLE``) ---------------------------------------------
+
+#: Whether a role exists (the name is a bound value here, never SQL text).
+ROLE_EXISTS = text("SELECT rolsuper FROM pg_roles WHERE rolname = :name")
+
+#: What a worker and an enqueuing application need, and nothing more: no ownership, no DDL,
+#: no TRUNCATE, no REFERENCES or TRIGGER. ``{role}`` is only ever filled with
+#: ``psycopg2.sql.Identifier`` (quoted by psycopg2), never with text.
+SCHEMA_USAGE_GRANT = pgsql.SQL("GRANT USAGE ON SCHEMA postjob TO {role}")
+TABLES_GRANT = pgsql.SQL(
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.postjobs, postjob.tokens TO {role}"
+)
+SEQUENCES_GRANT = pgsql.SQL(
+    "GRANT USAGE ON SEQUENCE postjob.postjobs_id_seq, postjob.tokens_id_seq, "
+    "postjob.lease_tokens TO {role}"
+)
+FUNCTIONS_GRANT = pgsql.SQL("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA postjob TO {role}")
+ROLE_GRANTS = (SCHEMA_USAGE_GRANT, TABLES_GRANT, SEQUENCES_GRANT, FUNCTIONS_GRANT)
