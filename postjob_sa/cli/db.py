@@ -96,7 +96,7 @@ def db_grant(app: App, role: str) -> None:
         superuser = conn.execute(statements.ROLE_EXISTS, {"name": name}).scalar()
         if superuser is None:
             raise InvalidArgument(f"no role named {name!r} in this database cluster "
-                                  "(create it first: CREATE ROLE … LOGIN)")
+                                  "(create the role first, with LOGIN)")
         dbapi = conn.connection.dbapi_connection
         assert dbapi is not None
         identifier = pgsql.Identifier(name)
