@@ -277,7 +277,14 @@ class Worker:
             self.processed += 1
             self.last_job_id = job.id
             if ended - self.buffer_since >= FLUSH_INTERVAL:
-                self._flush()
+                try:
+                    self._flush()
+                except BaseException:
+                    # the flush failed (connection lost): the jobs not run yet go back with
+                    # the buffered outcomes after the reconnect; else the heartbeat would hold
+                    # their leases for as long as this worker lives
+                    self._release(jobs[index + 1 :])
+                    raise
         return len(jobs)
 
     def _release(self, jobs: list[RunningJob]) -> None:

@@ -1,7 +1,7 @@
 """The one place where exceptions become exit statuses and one-line messages.
 
-Bad input (unknown id or token, malformed option, unreachable database, missing schema, …)
-prints ``postjob: <message>`` on stderr and exits with status 2; Ctrl-C exits with 130;
+Bad input (unknown id or token, malformed option, unreachable database, missing schema,
+missing privileges, …) prints ``postjob: <message>`` on stderr and exits with status 2; Ctrl-C exits with 130;
 anything else is a bug: one line too (the traceback with ``-v``) and status 1.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import click
 from alembic.util.exc import CommandError
+from psycopg2.errors import InsufficientPrivilege
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from postjob_sa.embedded import EmbeddedUnavailable
@@ -48,6 +49,9 @@ def describe(exc: BaseException, app: App) -> tuple[int, str]:
     if isinstance(exc, OperationalError):
         where = app.display_url() if app._url is not None else "the database"
         return EXIT_BAD_INPUT, f"cannot use the database {where}: {_first_line(exc)}"
+    if isinstance(exc, DBAPIError) and isinstance(exc.orig, InsufficientPrivilege):
+        return EXIT_BAD_INPUT, (f"{_first_line(exc)} (the schema's owner grants a role what "
+                                "workers and applications need with: postjob db grant ROLE)")
     if isinstance(exc, DBAPIError):
         return 1, f"database error: {_first_line(exc)}"
     return 1, f"internal error: {type(exc).__name__}: {exc}"

@@ -5,34 +5,39 @@ planner folds the unused branch away and the GIN index still serves a tag filter
 
 from __future__ import annotations
 
+from psycopg2 import sql as pgsql
 from sqlalchemy import text
 
-#: What ``ps`` shows of a job, plus the database's clock (ages are measured on the server).
-_PS_COLUMNS = (
-    "j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
+# Every statement is one literal: nothing is composed with f-strings, % or .format() (a test
+# parses the package to hold that). ROOT_JOBS_LIST and JOB_SUBTREES share their column list
+# (what ``ps`` shows of a job, plus the database's clock: ages are measured on the server)
+# and their filters; keep the two in step.
+
+ROOT_JOBS_LIST = text(
+    "SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
     "j.workflow, j.workflow_version, j.args, j.status::text AS status, j.next_run_at, "
     "j.timing_out_at, j.failed_attempts, j.max_attempts, j.results, j.error, j.error_message, "
     "j.workflow_status, j.tags, j.processing_client, j.processing_client_identifier, "
-    "j.processing_started_at, j.processing_max_duration, j.lease_expires_at, now() AS db_now"
-)
-
-_FILTERS = (
+    "j.processing_started_at, j.processing_max_duration, j.lease_expires_at, now() AS db_now "
+    "FROM postjob.postjobs j WHERE j.parent_id IS NULL AND "
     "(CAST(:tags AS jsonb) IS NULL OR j.tags @> CAST(:tags AS jsonb)) "
-    "AND (CAST(:statuses AS text[]) IS NULL OR j.status::text = ANY(CAST(:statuses AS text[])))"
-)
-
-ROOT_JOBS_LIST = text(
-    f"SELECT {_PS_COLUMNS} FROM postjob.postjobs j "  # noqa: S608 - constant fragments
-    f"WHERE j.parent_id IS NULL AND {_FILTERS} "
+    "AND (CAST(:statuses AS text[]) IS NULL OR j.status::text = ANY(CAST(:statuses AS text[]))) "
     "ORDER BY j.id DESC LIMIT :limit"
 )
 
 #: The subtrees under the given jobs (each job and its descendants), filtered.
 JOB_SUBTREES = text(
-    f"SELECT DISTINCT {_PS_COLUMNS} FROM postjob.postjobs a "  # noqa: S608 - constant fragments
+    "SELECT DISTINCT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
+    "j.workflow, j.workflow_version, j.args, j.status::text AS status, j.next_run_at, "
+    "j.timing_out_at, j.failed_attempts, j.max_attempts, j.results, j.error, j.error_message, "
+    "j.workflow_status, j.tags, j.processing_client, j.processing_client_identifier, "
+    "j.processing_started_at, j.processing_max_duration, j.lease_expires_at, now() AS db_now "
+    "FROM postjob.postjobs a "
     "JOIN postjob.postjobs j ON j.root_id = a.root_id "
     "AND (j.id = a.id OR j.full_id LIKE a.full_id || '.%') "
-    f"WHERE a.id = ANY(CAST(:ids AS bigint[])) AND {_FILTERS} "
+    "WHERE a.id = ANY(CAST(:ids AS bigint[])) AND "
+    "(CAST(:tags AS jsonb) IS NULL OR j.tags @> CAST(:tags AS jsonb)) "
+    "AND (CAST(:statuses AS text[]) IS NULL OR j.status::text = ANY(CAST(:statuses AS text[]))) "
     "ORDER BY j.root_id DESC, j.id LIMIT :limit"
 )
 
@@ -56,26 +61,49 @@ TOKEN_EXISTS = text("SELECT 1 FROM postjob.tokens WHERE token = CAST(:token AS u
 #: The cut-off of a prune, on the server's clock, fixed once for all its batches.
 PRUNE_CUTOFF = text("SELECT now() - make_interval(secs => :seconds)")
 
-#: Finished root jobs last changed before the cut-off whose whole tree is final.
-_PRUNABLE_ROOTS = (
+# The prunable roots: finished root jobs last changed before the cut-off whose whole tree is
+# final. PRUNABLE_COUNT and PRUNE_BATCH spell the same query out; keep the two in step.
+
+PRUNABLE_COUNT = text(
+    "SELECT count(DISTINCT v.id), count(j.id) FROM ("
     "SELECT r.id FROM postjob.postjobs r "
     "WHERE r.parent_id IS NULL AND r.updated_at < :cutoff "
     "AND r.status::text = ANY(CAST(:statuses AS text[])) "
     "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs d WHERE d.root_id = r.id "
-    "                AND d.status NOT IN ('ok', 'failed', 'timeout'))"
-)
-
-PRUNABLE_COUNT = text(
-    "SELECT count(DISTINCT v.id), count(j.id) "  # noqa: S608 - constant fragments
-    f"FROM ({_PRUNABLE_ROOTS}) v JOIN postjob.postjobs j ON j.root_id = v.id"
+    "                AND d.status NOT IN ('ok', 'failed', 'timeout')) "
+    ") v JOIN postjob.postjobs j ON j.root_id = v.id"
 )
 
 #: One batch of a prune: up to :batch trees (roots locked, SKIP LOCKED), deleted whole.
 #: Returns (roots deleted, jobs deleted).
 PRUNE_BATCH = text(
-    f"WITH victims AS ({_PRUNABLE_ROOTS} "  # noqa: S608 - constant fragments
+    "WITH victims AS ("
+    "SELECT r.id FROM postjob.postjobs r "
+    "WHERE r.parent_id IS NULL AND r.updated_at < :cutoff "
+    "AND r.status::text = ANY(CAST(:statuses AS text[])) "
+    "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs d WHERE d.root_id = r.id "
+    "                AND d.status NOT IN ('ok', 'failed', 'timeout')) "
     "  ORDER BY r.id LIMIT :batch FOR UPDATE OF r SKIP LOCKED), "
     "gone AS (DELETE FROM postjob.postjobs j USING victims v WHERE j.root_id = v.id "
     "         RETURNING j.parent_id) "
     "SELECT count(*) FILTER (WHERE parent_id IS NULL), count(*) FROM gone"
 )
+
+# -- least privilege (``postjob db grant ROLE``) ---------------------------------------------
+
+#: Whether a role exists (the name is a bound value here, never SQL text).
+ROLE_EXISTS = text("SELECT rolsuper FROM pg_roles WHERE rolname = :name")
+
+#: What a worker and an enqueuing application need, and nothing more: no ownership, no DDL,
+#: no TRUNCATE, no REFERENCES or TRIGGER. ``{role}`` is only ever filled with
+#: ``psycopg2.sql.Identifier`` (quoted by psycopg2), never with text.
+SCHEMA_USAGE_GRANT = pgsql.SQL("GRANT USAGE ON SCHEMA postjob TO {role}")
+TABLES_GRANT = pgsql.SQL(
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.postjobs, postjob.tokens TO {role}"
+)
+SEQUENCES_GRANT = pgsql.SQL(
+    "GRANT USAGE ON SEQUENCE postjob.postjobs_id_seq, postjob.tokens_id_seq, "
+    "postjob.lease_tokens TO {role}"
+)
+FUNCTIONS_GRANT = pgsql.SQL("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA postjob TO {role}")
+ROLE_GRANTS = (SCHEMA_USAGE_GRANT, TABLES_GRANT, SEQUENCES_GRANT, FUNCTIONS_GRANT)

@@ -1,15 +1,23 @@
-"""``postjob db``: apply, inspect and undo the package's schema revisions."""
+"""``postjob db``: apply, inspect and undo the package's schema revisions; grant a role what
+a worker and an enqueuing application need."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
+from psycopg2 import sql as pgsql
 
 from postjob_sa._migrations import downgrade as downgrade_schema
 from postjob_sa._migrations import head_revision, installed_revision, migrate
 from postjob_sa.errors import InvalidArgument
 
+from . import _statements as statements
 from ._env import App
 from ._render import print_json
+
+#: PostgreSQL truncates identifiers to NAMEDATALEN - 1 bytes.
+MAX_ROLE_BYTES = 63
 
 
 def _installed(app: App) -> str | None:
@@ -64,3 +72,45 @@ def db_downgrade(app: App, revision: str) -> None:
     after = _installed(app)
     what = "schema dropped" if after is None else f"now at {after}"
     click.echo(f"postjob schema downgraded from {before}: {what} ({app.display_url()})")
+
+
+def _role_name(role: str) -> str:
+    if not role or not role.strip():
+        raise InvalidArgument("the role name must not be empty")
+    if "\x00" in role:
+        raise InvalidArgument(f"not a role name: {role!r} (it contains a NUL character)")
+    if len(role.encode()) > MAX_ROLE_BYTES:
+        raise InvalidArgument(f"not a role name: {role!r} (longer than {MAX_ROLE_BYTES} bytes)")
+    return role
+
+
+@db.command("grant")
+@click.argument("role")
+@click.pass_obj
+def db_grant(app: App, role: str) -> None:
+    """Grant ROLE exactly what a worker and an enqueuing application need (usage of the schema,
+    execute on its functions, read/write on its tables, usage of its sequences; no DDL).
+    Run it as the schema's owner, again after every migrate."""
+    name = _role_name(role)
+    with app.connect_checked() as conn:
+        superuser = conn.execute(statements.ROLE_EXISTS, {"name": name}).scalar()
+        if superuser is None:
+            raise InvalidArgument(f"no role named {name!r} in this database cluster "
+                                  "(create the role first, with LOGIN)")
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        identifier = pgsql.Identifier(name)
+        cur: Any = dbapi.cursor()
+        done = []
+        try:
+            for grant in statements.ROLE_GRANTS:
+                statement = grant.format(role=identifier)
+                cur.execute(statement)
+                done.append(statement.as_string(cur))
+        finally:
+            cur.close()
+        conn.commit()
+    for line in done:
+        click.echo(line)
+    note = " (a superuser: it needs no grants)" if superuser else ""
+    click.echo(f"granted to {identifier.as_string(dbapi)} on {app.display_url()}{note}")

@@ -1,0 +1,166 @@
+"""Least privilege: ``postjob db grant ROLE`` gives a LOGIN role (no superuser) exactly what a
+worker and an enqueuing application need; the role runs both, and cannot change the schema."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+
+import psycopg2
+import pytest
+from psycopg2 import errors
+from psycopg2 import sql as pgsql
+from sqlalchemy import URL, Engine, create_engine, text
+from sqlalchemy.orm import Session
+
+from postjob_sa import JobQueue
+from tests.conftest import url_string
+from tests.reliability.conftest import WorkerProcess, libpq_url, report, scalar, wait_for
+from tests.test_cli_db import assert_bad_input, postjob
+
+FINGERPRINT = (
+    "SELECT md5(string_agg(p::text, '|' ORDER BY p::text)) FROM ("
+    "SELECT grantee || ':' || table_name || ':' || privilege_type AS p "
+    "FROM information_schema.role_table_grants WHERE table_schema = 'postjob' "
+    "UNION ALL SELECT nspname || ':' || array_to_string(nspacl, ',') FROM pg_namespace "
+    "WHERE nspname = 'postjob') x"
+)
+
+
+def _create_role(engine: Engine, name: str) -> None:
+    with engine.connect() as conn:
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        with dbapi.cursor() as cur:
+            cur.execute(pgsql.SQL("DROP ROLE IF EXISTS {}").format(pgsql.Identifier(name)))
+            cur.execute(pgsql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
+                        .format(pgsql.Identifier(name)))
+        dbapi.commit()
+
+
+def _drop_role(engine: Engine, name: str) -> None:
+    with engine.connect() as conn:
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        with dbapi.cursor() as cur:
+            cur.execute(pgsql.SQL("DROP OWNED BY {}").format(pgsql.Identifier(name)))
+            cur.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(name)))
+        dbapi.commit()
+
+
+@pytest.fixture
+def role(runs: Engine) -> Iterator[str]:
+    """A LOGIN role, no superuser, unique to this run (roles are cluster-wide)."""
+    name = f"pj_rel_worker_{os.getpid()}"
+    _create_role(runs, name)
+    yield name
+    _drop_role(runs, name)
+
+
+def test_a_granted_role_enqueues_and_works_but_cannot_change_the_schema(
+    db_url: URL, runs: Engine, role: str, workers: Callable[..., WorkerProcess]
+) -> None:
+    engine = runs
+    as_role = db_url.set(username=role, password=None)
+    with engine.begin() as conn:  # the application's own side table is its business
+        conn.execute(text(f'GRANT INSERT ON rel_runs TO "{role}"'))
+
+    # before the grant the role cannot even see the queue
+    res = postjob("job", "enqueue", "rel.record", "1", url=url_string(as_role))
+    assert_bad_input(res, "permission denied for schema postjob", "postjob db grant ROLE")
+
+    res = postjob("db", "grant", role, url=url_string(db_url))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[0] == f'GRANT USAGE ON SCHEMA postjob TO "{role}"'
+    assert f'granted to "{role}"' in res.stdout
+    assert postjob("db", "grant", role, url=url_string(db_url)).returncode == 0  # idempotent
+
+    # enqueue as the role: CLI and API (with a child and a manual token on the way)
+    res = postjob("job", "enqueue", "rel.record", "1", "--tags", "by:cli", url=url_string(as_role))
+    assert res.returncode == 0, res.stderr
+    role_engine = create_engine(as_role)
+    try:
+        with Session(role_engine) as s:
+            q = JobQueue(s)
+            q.enqueue("rel.record", 2)
+            q.enqueue("rel.parent", 3, 0.0)
+            s.commit()
+        proc = workers(as_role, "--fast", "--batch", "2")
+        wait_for(lambda: scalar(engine, "SELECT count(*) FILTER (WHERE status = 'ok') = count(*) "
+                                        "FROM postjob.postjobs"), 20, "every job ok")
+        assert scalar(engine, "SELECT count(*) FROM postjob.postjobs") == 4  # 3 + a child
+        listing = postjob("ps", "--json", "--tags", "by:cli", url=url_string(as_role))
+        assert [j["status"] for j in json.loads(listing.stdout)["jobs"]] == ["ok"]
+        assert postjob("reap", url=url_string(as_role)).returncode == 0
+        res = postjob("job", "prune", "--older-than", "1s", "--dry-run", url=url_string(as_role))
+        assert res.returncode == 0, res.stderr
+        assert proc.stop() == 0, proc.log()
+        assert "permission denied" not in proc.log()
+    finally:
+        role_engine.dispose()
+
+    # and it can change nothing about the schema
+    forbidden = [
+        "DROP SCHEMA postjob CASCADE",
+        "DROP TABLE postjob.postjobs",
+        "TRUNCATE postjob.postjobs",
+        "ALTER TABLE postjob.postjobs ADD COLUMN evil int",
+        "ALTER TABLE postjob.tokens DISABLE TRIGGER ALL",
+        "CREATE TABLE postjob.evil (id int)",
+        "DROP FUNCTION postjob.checkout",
+        "ALTER FUNCTION postjob.reap(boolean, integer) SECURITY DEFINER",
+        "CREATE OR REPLACE FUNCTION postjob.schema_version() RETURNS text "
+        "LANGUAGE sql AS $$ SELECT 'x' $$",
+        "DROP SEQUENCE postjob.lease_tokens",
+        "ALTER SEQUENCE postjob.lease_tokens RESTART",
+        "SELECT setval('postjob.lease_tokens', 1)",
+        "DROP TYPE postjob.statuses CASCADE",
+    ]
+    conn = psycopg2.connect(libpq_url(as_role))
+    conn.autocommit = True
+    try:
+        for statement in forbidden:
+            with conn.cursor() as cur, pytest.raises(errors.InsufficientPrivilege):
+                cur.execute(statement)
+    finally:
+        conn.close()
+    assert scalar(engine, "SELECT count(*) FROM information_schema.columns "
+                          "WHERE table_schema = 'postjob' AND column_name = 'evil'") == 0
+    report(f"least privilege: a granted LOGIN role enqueued (CLI, API) and ran a worker; "
+           f"{len(forbidden)} DDL/TRUNCATE/setval statements refused")
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ('x"; DROP SCHEMA postjob CASCADE; --', "no role named"),
+        ("no_such_role_xyz", "no role named 'no_such_role_xyz'"),
+        ("", "must not be empty"),
+        ("r" * 64, "longer than 63 bytes"),
+    ],
+)
+def test_grant_refuses_bad_role_names_and_writes_nothing(
+    db_url: URL, runs: Engine, name: str, needle: str
+) -> None:
+    before = scalar(runs, FINGERPRINT)
+    assert_bad_input(postjob("db", "grant", name, url=url_string(db_url)), needle)
+    assert scalar(runs, FINGERPRINT) == before
+    assert scalar(runs, "SELECT count(*) FROM pg_namespace WHERE nspname = 'postjob'") == 1
+
+
+def test_grant_quotes_an_odd_but_real_role_name(db_url: URL, runs: Engine) -> None:
+    odd = f'Odd "Role"; DROP SCHEMA postjob; -- {os.getpid()}'
+    _create_role(runs, odd)
+    try:
+        res = postjob("db", "grant", odd, url=url_string(db_url))
+        assert res.returncode == 0, res.stderr
+        assert scalar(runs, "SELECT has_schema_privilege(:r, 'postjob', 'USAGE') "
+                            "AND has_table_privilege(:r, 'postjob.postjobs', 'UPDATE') "
+                            "AND NOT has_table_privilege(:r, 'postjob.postjobs', 'TRUNCATE') "
+                            "AND has_sequence_privilege(:r, 'postjob.lease_tokens', 'USAGE') "
+                            "AND has_function_privilege(:r, 'postjob.reap(boolean, integer)', "
+                            "'EXECUTE')", r=odd) is True
+        assert scalar(runs, "SELECT count(*) FROM pg_namespace WHERE nspname = 'postjob'") == 1
+    finally:
+        _drop_role(runs, odd)
