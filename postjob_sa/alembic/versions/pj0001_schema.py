@@ -244,7 +244,8 @@ BEGIN
 END;
 $$;
 
--- Reap expired leases (zombies: a recoverable error) and passed deadlines (timeout, final).
+-- Reap expired leases (zombies: a recoverable error, retried at once) and passed deadlines
+-- (timeout, final).
 -- Called by every checkout; callable on its own (postjob reap, cron). Returns jobs reaped.
 CREATE FUNCTION postjob.reap(p_fast_mode boolean DEFAULT false, p_limit integer DEFAULT 1000)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -271,8 +272,10 @@ BEGIN
         error_message = 'zombie: the lease expired (worker ' ||
           COALESCE(j.processing_client_identifier, j.processing_client, 'unknown') || ')',
         error_backtrace = NULL,
+        -- the job did not fail, its worker vanished: retry at once (the attempt still
+        -- counts, so a job that keeps killing its worker ends failed)
         next_run_at = CASE WHEN j.failed_attempts + 1 < j.max_attempts
-                           THEN statement_timestamp() + postjob._backoff(j.failed_attempts + 1, p_fast_mode) END,
+                           THEN statement_timestamp() END,
         processing_client = NULL,
         processing_client_identifier = NULL,
         processing_started_at = NULL,
