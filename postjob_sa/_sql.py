@@ -15,13 +15,14 @@ from sqlalchemy import text
 #: connection): finish the previous batch and check out the next in one round trip.
 WORKER_PREPARE_DBAPI = (
     "PREPARE postjob_cycle (bigint[], bigint[], text[], jsonb[], text[], text[], jsonb[], "
-    "text[], bigint[], text[], text[], text[], integer, double precision, boolean) AS "
+    "text[], bigint[], text[], text[], text[], integer, double precision, boolean, boolean) AS "
     "SELECT id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, "
     "parent_id FROM postjob.finish_and_checkout("
-    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15); "
-    "PREPARE postjob_checkout (text[], text[], text[], integer, double precision, boolean) AS "
+    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16); "
+    "PREPARE postjob_checkout (text[], text[], text[], integer, double precision, boolean, "
+    "boolean) AS "
     "SELECT id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, "
-    "parent_id FROM postjob.checkout($1, $2, $3, $4, $5, $6); "
+    "parent_id FROM postjob.checkout($1, $2, $3, $4, $5, $6, $7); "
     "PREPARE postjob_time_to_next (text[], text[], text[]) AS "
     "SELECT postjob.time_to_next_job($1, $2, $3)"
 )
@@ -30,16 +31,24 @@ WORKER_CYCLE_DBAPI = (
     "EXECUTE postjob_cycle (%(ids)s::bigint[], %(leases)s::bigint[], %(outcomes)s::text[], "
     "%(results)s::jsonb[], %(errors)s::text[], %(messages)s::text[], %(backtraces)s::jsonb[], "
     "%(versions)s::text[], %(awaiting)s::bigint[], %(workflows)s::text[], "
-    "%(workflow_versions)s::text[], %(queues)s::text[], %(limit)s, %(lease)s, %(fast)s)"
+    "%(workflow_versions)s::text[], %(queues)s::text[], %(limit)s, %(lease)s, %(fast)s, "
+    "%(reap)s)"
 )
 
 #: The cycle when there is nothing to record (after a wait): checkout alone.
 WORKER_CHECKOUT_DBAPI = (
     "EXECUTE postjob_checkout (%(workflows)s::text[], %(workflow_versions)s::text[], "
-    "%(queues)s::text[], %(limit)s, %(lease)s, %(fast)s)"
+    "%(queues)s::text[], %(limit)s, %(lease)s, %(fast)s, %(reap)s)"
 )
 
 WORKER_TIME_TO_NEXT_DBAPI = (
+    "EXECUTE postjob_time_to_next (%(workflows)s::text[], %(versions)s::text[], %(queues)s::text[])"
+)
+
+#: Before an idle wait: reap expired leases and deadlines, then ask how long to wait (two
+#: statements, one round trip, each with its own snapshot).
+WORKER_REAP_AND_TIME_TO_NEXT_DBAPI = (
+    "SELECT postjob.reap(%(fast)s); "
     "EXECUTE postjob_time_to_next (%(workflows)s::text[], %(versions)s::text[], %(queues)s::text[])"
 )
 
@@ -52,6 +61,9 @@ CLIENT_IDENTIFIER_SET_DBAPI = "SELECT postjob.set_client_identifier(%(identifier
 SCHEMA_VERSION_DBAPI = "SELECT postjob.schema_version()"
 
 LISTEN_DBAPI = "LISTEN postjob_notifications"
+
+#: How a worker's connection shows in pg_stat_activity: "postjob worker host:pid".
+APPLICATION_NAME_SET_DBAPI = "SELECT set_config('application_name', %(name)s, false)"
 
 # -- workflow context (psycopg2: the worker's connection, or the session's in-txn one) -------
 

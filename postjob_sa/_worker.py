@@ -25,7 +25,7 @@ from postjob_sa import _sql
 from postjob_sa._connections import close_quietly, connect
 from postjob_sa._executor import Abort, Outcome, finish_params, run_job
 from postjob_sa._heartbeat import Heartbeat
-from postjob_sa._listener import Listener
+from postjob_sa import _listener
 from postjob_sa._migrations import MIGRATE_HINT, head_revision
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.errors import SchemaError
@@ -40,6 +40,9 @@ WAIT_CAP = 30.0
 #: Outcomes of short jobs are recorded together, at the latest after this many seconds.
 FLUSH_INTERVAL = 0.05
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+#: A busy worker's checkouts reap expired leases and deadlines at most this often; an idle
+#: one reaps before it waits, so the checkout after a wake-up does not pay for it.
+REAP_INTERVAL = 1.0
 _CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 
@@ -78,11 +81,13 @@ class Worker:
             self.lease_pairs = reg.pairs(options.workflows, transactional=False)
             self.tx_pairs = reg.pairs(options.workflows, transactional=True)
         self.conn: Any = None
-        self.listener = Listener(queue.engine)
         self.heartbeat = Heartbeat(queue.engine, queue.lease)
         self.buffer: list[Outcome] = []
         self.buffer_since = 0.0
         self.processed = 0
+        self._last_reap = float("-inf")
+        self._busy = True  # the first checkout reaps
+        self._reaped = False  # whether the last checkout reaped
         self.last_job_id: int | None = None
         self.stop_requested = False
         self._in_job = False
@@ -119,12 +124,14 @@ class Worker:
                     f"{head_revision()}: {MIGRATE_HINT}"
                 )
             cur.execute(_sql.CLIENT_IDENTIFIER_SET_DBAPI, {"identifier": self.q.identifier})
+            cur.execute(_sql.APPLICATION_NAME_SET_DBAPI, {"name": f"postjob worker {self.q.identifier}"})
             cur.execute(_sql.WORKER_PREPARE_DBAPI)
+        if not self.opts.until_idle:
+            _listener.listen(self.conn)
 
     def _disconnect(self) -> None:
         close_quietly(self.conn)
         self.conn = None
-        self.listener.close()
 
     def _shutdown(self) -> None:
         try:
@@ -140,8 +147,6 @@ class Worker:
         )
 
     def _loop(self) -> None:
-        if not self.opts.until_idle:
-            self.listener.start()
         failures = 0
         while not self._done():
             try:
@@ -155,7 +160,10 @@ class Worker:
                 if did:
                     continue
                 if self.opts.until_idle:
-                    return
+                    if self._reaped or not self.lease_pairs[0]:  # (a transactional checkout reaps)
+                        return
+                    self._busy, self._last_reap = True, float("-inf")  # reap, then look again
+                    continue
                 self._wait()
             except Abort:
                 return
@@ -186,12 +194,18 @@ class Worker:
 
     def _wait(self) -> None:
         names, versions = self.lease_pairs[0] + self.tx_pairs[0], self.lease_pairs[1] + self.tx_pairs[1]
+        params = {"workflows": names, "versions": versions, "queues": self.opts.queues,
+                  "fast": self.q.fast_mode}
+        now = time.monotonic()
         with self.conn.cursor() as cur:
-            cur.execute(
-                _sql.WORKER_TIME_TO_NEXT_DBAPI,
-                {"workflows": names, "versions": versions, "queues": self.opts.queues},
-            )
+            if now - self._last_reap >= REAP_INTERVAL:
+                self._last_reap = now
+                cur.execute(_sql.WORKER_REAP_AND_TIME_TO_NEXT_DBAPI, params)
+            else:
+                cur.execute(_sql.WORKER_TIME_TO_NEXT_DBAPI, params)
             ttnj = cur.fetchone()[0]
+        if ttnj is not None and ttnj <= 0:
+            self._last_reap = float("-inf")  # something is due: reap before the next wait
         timeout = WAIT_CAP if ttnj is None else max(0.0, min(float(ttnj), WAIT_CAP))
         if timeout <= 0:
             return
@@ -199,7 +213,7 @@ class Worker:
         try:
             if self.stop_requested:
                 return
-            self.listener.wait(timeout)
+            _listener.wait(self.conn, timeout)
         except _WakeUp:
             pass
         finally:
@@ -217,9 +231,16 @@ class Worker:
         """Record the buffered outcomes and check out up to ``limit`` jobs: one round trip."""
         batch = self.buffer
         names, versions = self.lease_pairs
+        now = time.monotonic()
+        # a busy worker reaps now and then; after a wait (not busy) the wait just did
+        reap = limit > 0 and self._busy and now - self._last_reap >= REAP_INTERVAL
+        if reap:
+            self._last_reap = now
+        if limit > 0:
+            self._reaped = reap
         checkout = {
             "workflows": names, "workflow_versions": versions, "queues": self.opts.queues,
-            "limit": limit, "lease": self.q.lease, "fast": self.q.fast_mode,
+            "limit": limit, "lease": self.q.lease, "fast": self.q.fast_mode, "reap": reap,
         }
         with self.conn.cursor() as cur:
             if batch:
@@ -229,6 +250,8 @@ class Worker:
             else:
                 cur.execute(_sql.WORKER_CHECKOUT_DBAPI, checkout)
             rows: list[Any] = cur.fetchall()
+        if limit > 0:
+            self._busy = bool(rows)
         self.buffer = []
         if batch:
             self.heartbeat.release([o.job_id for o in batch])

@@ -140,7 +140,7 @@ def test_worker_keeps_working_when_its_listen_connection_is_killed(db_url: URL, 
         with engine.begin() as conn:
             killed = conn.execute(text(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND query = 'LISTEN postjob_notifications'"
+                "WHERE datname = current_database() AND application_name LIKE 'postjob worker %'"
             )).scalar()
         assert killed == 1
         with Session(engine) as s:
@@ -148,7 +148,7 @@ def test_worker_keeps_working_when_its_listen_connection_is_killed(db_url: URL, 
                 JobQueue(s).enqueue("app.stamp", 100 + i)
                 s.commit()
                 _wait_for(lambda i=i: _scalar(engine, "SELECT count(*) FROM app_marks WHERE marker = :m", m=str(100 + i)))
-        _wait_for(lambda: _scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN postjob_notifications'") == 1)
+        _wait_for(lambda: _scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'postjob worker %'") == 1)
     finally:
         _stop(proc)
 

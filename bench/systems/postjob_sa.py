@@ -250,7 +250,6 @@ class PostjobSA(System):
         disconnect, worker._disconnect = worker._disconnect, lambda: None  # type: ignore[method-assign]
         worker._connect()  # connected before the driver lists this database's backends
         if gate.listening:
-            worker.listener.start()
             threading.Thread(target=_stop_on_gate, args=(gate,), daemon=True).start()
         gate.arrive()
         worker.run()

@@ -25,9 +25,12 @@ from tests.conftest import url_string
 ROOT = Path(__file__).resolve().parents[2]
 POSTJOB = str(Path(sys.executable).parent / "postjob")
 APP = "tests.reliability.rel_app"
+#: workers idle on LISTEN: their connection (application_name "postjob worker host:pid") is
+#: idle after asking how long to wait
 LISTENING = text(
     "SELECT count(*) FROM pg_stat_activity "
-    "WHERE datname = current_database() AND query = 'LISTEN postjob_notifications'"
+    "WHERE datname = current_database() AND application_name LIKE 'postjob worker %' "
+    "AND state = 'idle' AND query LIKE 'EXECUTE postjob_time_to_next%'"
 )
 
 

@@ -1,5 +1,6 @@
-"""The LISTEN connection is killed (pg_terminate_backend) under a steady stream of jobs: the
-worker keeps taking jobs (polling meanwhile), LISTENs again, and wake-ups stay fast."""
+"""The worker's LISTEN connection (its own, which it also checks out with) is killed
+(pg_terminate_backend) under a steady stream of jobs: the worker reconnects, LISTENs again,
+keeps taking jobs, and wake-ups stay fast."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ DURATION = 4.0
 KILLS = (1.0, 2.0, 3.0)  # seconds into the stream
 LISTEN_PIDS = text(
     "SELECT pid FROM pg_stat_activity "
-    "WHERE datname = current_database() AND query = 'LISTEN postjob_notifications'"
+    "WHERE datname = current_database() AND application_name LIKE 'postjob worker %'"
 )
 
 
@@ -31,7 +32,9 @@ def test_worker_keeps_working_and_relistens_when_listen_is_killed(
     db_url: URL, runs: Engine, workers: Callable[..., WorkerProcess]
 ) -> None:
     engine = runs
-    proc = workers(db_url)  # one worker: no other process could pick its jobs up
+    # one worker: no other process could pick its jobs up; a short lease, in case a kill lands
+    # between a checkout's commit and its reply (the job is then rescued as a zombie)
+    proc = workers(db_url, "--lease", "2")
     wait_listening(engine, 1, [proc])
 
     committed: dict[int, float] = {}
@@ -81,11 +84,11 @@ def test_worker_keeps_working_and_relistens_when_listen_is_killed(
     latency = sorted((started[j] - committed[j]) * 1000 for j in committed)
     p50, p99, worst = latency[len(latency) // 2], latency[int(len(latency) * 0.99)], latency[-1]
     log = proc.log()
-    assert log.count("the LISTEN connection dropped") == len(KILLS), log
+    assert log.count("reconnecting in") >= len(KILLS), log
     assert max(relisten) < 2.0, relisten
-    # without LISTEN a wait is at most POLL_WITHOUT_LISTEN (1 s); under a steady stream the
-    # worker re-LISTENs at its next wait, so no job waits anywhere near the 30 s poll cap
-    assert worst < 1500, latency[-10:]
+    # the worker reconnects after 0.1 s and LISTENs again: no job waits anywhere near the
+    # 30 s poll cap (a job caught by a kill mid-checkout is rescued after the 2 s lease)
+    assert worst < 3500, latency[-10:]
     assert proc.alive(), log
     report(f"listen loss: {len(KILLS)} kills under {1 / PERIOD:.0f} jobs/s; re-LISTEN after "
            f"{', '.join(f'{r * 1000:.0f}' for r in relisten)} ms; {total} jobs, wake-up latency "

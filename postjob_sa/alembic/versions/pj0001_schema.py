@@ -331,20 +331,25 @@ $$;
 -- Check out up to p_limit runnable jobs of the given (workflow, version) pairs, oldest due
 -- first, each with a lease of p_lease seconds and a fresh lease token (the fencing token
 -- every later write must present). A job pinned to version '' matches any registered version.
+-- With p_reap (the default) it first reaps expired leases and deadlines; a worker passes false
+-- when it reaped less than a second ago, keeping the reap off its wake-up path.
 CREATE FUNCTION postjob.checkout(
   p_workflows text[],
   p_versions text[],
   p_queues text[] DEFAULT NULL,
   p_limit integer DEFAULT 1,
   p_lease double precision DEFAULT 60,
-  p_fast_mode boolean DEFAULT false)
+  p_fast_mode boolean DEFAULT false,
+  p_reap boolean DEFAULT true)
 RETURNS SETOF postjob.postjobs LANGUAGE plpgsql
 -- One cached plan, whatever p_limit: custom plans would be re-planned on every call (their
 -- estimate beats the generic one's), and the shape above is right for any limit.
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-  PERFORM postjob.reap(p_fast_mode);
+  IF p_reap THEN
+    PERFORM postjob.reap(p_fast_mode);
+  END IF;
   RETURN QUERY
   UPDATE postjob.postjobs j SET
     status = 'processing',
@@ -543,7 +548,8 @@ CREATE FUNCTION postjob.finish_and_checkout(
   p_queues text[],
   p_limit integer,
   p_lease double precision,
-  p_fast_mode boolean)
+  p_fast_mode boolean,
+  p_reap boolean DEFAULT true)
 RETURNS SETOF postjob.postjobs LANGUAGE plpgsql AS $$
 BEGIN
   IF cardinality(p_ids) > 0 THEN
@@ -552,7 +558,7 @@ BEGIN
   END IF;
   IF p_limit > 0 THEN
     RETURN QUERY SELECT * FROM postjob.checkout(p_workflows, p_workflow_versions, p_queues,
-                                                p_limit, p_lease, p_fast_mode);
+                                                p_limit, p_lease, p_fast_mode, p_reap);
   END IF;
 END;
 $$;
