@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any
 from psycopg2 import InterfaceError, OperationalError
 from sqlalchemy.exc import DBAPIError
 
-from postjob_sa import _sql
+from postjob_sa import _listener, _sql
 from postjob_sa._connections import close_quietly, connect
 from postjob_sa._executor import Abort, Outcome, finish_params, run_job
 from postjob_sa._heartbeat import Heartbeat
-from postjob_sa import _listener
 from postjob_sa._migrations import MIGRATE_HINT, head_revision
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.errors import SchemaError
