@@ -70,7 +70,7 @@ def main() -> int:
         cur.execute(
             _sql.WORKER_CHECKOUT_DBAPI,
             {"workflows": ["noop"], "workflow_versions": [""], "queues": None,
-             "limit": limit, "lease": 60.0, "fast": False},
+             "limit": limit, "lease": 60.0, "fast": False, "reap": False},
         )
         return list(cur.fetchall())
 
@@ -89,7 +89,8 @@ def main() -> int:
         params = finish_params(
             [Outcome(r[0], r[1], "ok", result="[null]") for r in rows], False  # type: ignore[arg-type]
         )
-        params.update(workflows=["noop"], workflow_versions=[""], queues=None, limit=0, lease=60.0)
+        params.update(workflows=["noop"], workflow_versions=[""], queues=None, limit=0, lease=60.0,
+                      reap=False)
         cur.execute(_sql.WORKER_CYCLE_DBAPI, params)  # finish only (limit 0)
 
     results["finish of 100 outcomes (us)"] = _median_us(finish, 200)
@@ -116,6 +117,20 @@ def main() -> int:
             session.commit()
 
         results["enqueue + commit through a Session (us)"] = _median_us(enqueue, 2000)
+
+        # the ceiling of any one-job-per-transaction enqueue through a Session: BEGIN, one
+        # INSERT into a bare table, COMMIT (three round trips; the raw floor's is one)
+        from sqlalchemy import text
+
+        session.execute(text("CREATE TABLE IF NOT EXISTS micro_floor (v jsonb)"))
+        session.commit()
+        floor = text("INSERT INTO micro_floor (v) VALUES (CAST(:v AS jsonb))")
+
+        def session_floor() -> None:
+            session.execute(floor, {"v": "[1]"})
+            session.commit()
+
+        results["floor: INSERT + commit through a Session (us)"] = _median_us(session_floor, 2000)
 
         def enqueue_many() -> None:
             q.enqueue_many("noop", [[k] for k in range(1000)])
