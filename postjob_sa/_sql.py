@@ -111,7 +111,7 @@ JOB_ENQUEUE_MANY = text(
     "SELECT n.id, n.id, n.id::text, :queue, :workflow, :version, n.args, "
     "CAST(:tags AS jsonb), :max_attempts, :timeout, COALESCE(:run_at, now()) "
     "FROM (SELECT nextval('postjob.postjobs_id_seq') AS id, a.args, a.ord "
-    "      FROM unnest(CAST(:args AS jsonb[])) WITH ORDINALITY AS a(args, ord)) n "
+    "      FROM jsonb_array_elements(CAST(:args AS jsonb)) WITH ORDINALITY AS a(args, ord)) n "
     "ORDER BY n.ord RETURNING id"
 )
 

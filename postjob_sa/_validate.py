@@ -50,6 +50,20 @@ def args_json(args: Any) -> str:
     return text
 
 
+def args_json_many(arg_lists: Any) -> tuple[str, int]:
+    """A JSON array of the args lists, encoded in one pass; and how many there are."""
+    lists = []
+    for args in arg_lists:
+        if isinstance(args, (str, bytes, Mapping)) or not isinstance(args, (list, tuple)):
+            raise InvalidArgument(f"args must be a list of positional arguments, not {args!r}")
+        lists.append(args)
+    text = to_json(lists, "args")
+    if len(text) > MAX_ARGS_BYTES // 4:  # one of them may be over the limit: look closer
+        for args in lists:
+            args_json(args)
+    return text, len(lists)
+
+
 def tags_json(tags: Mapping[str, Any] | None) -> str | None:
     if tags is None:
         return None

@@ -140,8 +140,8 @@ class JobQueue:
     ) -> list[int]:
         """Add one root job per args list in one statement; return their ids in order."""
         name, wf = _workflow_name(workflow_or_name)
-        encoded = [_validate.args_json(a) for a in arg_lists]
-        if not encoded:
+        encoded, count = _validate.args_json_many(arg_lists)
+        if not count:
             return []
         opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
         rows = self.session.execute(

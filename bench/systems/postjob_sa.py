@@ -170,6 +170,31 @@ class _Producer:
         _close(self._s)
 
 
+class _RawProducer:
+    """Diagnostic (--opt postjob_producer=sql): enqueue with one prepared INSERT in autocommit,
+    as the raw floor does, to tell the worker's share of the latency from the Session's."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg2
+
+        self._conn = psycopg2.connect(url)
+        self._conn.autocommit = True
+        self._cur = self._conn.cursor()
+        self._cur.execute(
+            "PREPARE put (jsonb) AS INSERT INTO postjob.postjobs (workflow, args) "
+            "VALUES ('bench.noop', $1)"
+        )
+
+    def enqueue(self, key: int) -> tuple[float, float]:
+        payload = f"[{int(key)}]"
+        t_call = now()
+        self._cur.execute("EXECUTE put (%s)", (payload,))
+        return t_call, now()
+
+    def close(self) -> None:
+        self._conn.close()
+
+
 class _Probe:
     def __init__(self, url: str) -> None:
         import postjob_sa
@@ -233,7 +258,10 @@ class PostjobSA(System):
     def job_count(self, url: str) -> int:
         return int(pg.value(url, "SELECT count(*) FROM postjob.postjobs"))
 
+    _producer = "api"
+
     def enqueue_variants(self, opts: Options) -> list[EnqueueVariant]:
+        self._producer = opts.extra.get("postjob_producer", "api")
         return [
             EnqueueVariant("api", one_per_txn=_api_one, batched=_api_many),
             EnqueueVariant("session.add", one_per_txn=_add_one, batched=_add_many),
@@ -281,8 +309,10 @@ class PostjobSA(System):
     def done_count(self, url: str) -> int:
         return int(pg.value(url, "SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'"))
 
-    def open_producer(self, url: str) -> _Producer:
+    def open_producer(self, url: str) -> _Producer | _RawProducer:
         _register()
+        if self._producer == "sql":
+            return _RawProducer(url)
         return _Producer(url)
 
     def open_checkout_probe(self, url: str, case: CheckoutCase) -> _Probe:
