@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ from alembic.command import upgrade as _alembic_upgrade
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine
 
 from postjob_sa.errors import SchemaError
 from postjob_sa.models import SCHEMA
@@ -30,6 +30,20 @@ MIGRATE_HINT = (
 )
 
 Bind = Engine | Connection | str
+
+# Plain statements, for a SQLAlchemy connection or a driver-level cursor (the worker's).
+SCHEMA_EXISTS_SQL = (
+    "SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+    "WHERE n.nspname = 'postjob' AND p.proname = 'schema_version'"
+)
+SCHEMA_REVISION_SQL = "SELECT postjob.schema_version()"
+
+
+def read_revision(scalar: Callable[[str], Any]) -> str | None:
+    """The installed revision, or None without a schema; ``scalar`` runs one statement."""
+    if scalar(SCHEMA_EXISTS_SQL) is None:
+        return None
+    return str(scalar(SCHEMA_REVISION_SQL))
 
 
 def _config(connection: Connection) -> Config:
@@ -69,16 +83,7 @@ def _connection(bind: Bind) -> Iterator[Connection]:
 
 def installed_revision(conn: Connection) -> str | None:
     """The revision of the ``postjob`` schema in this database, or None if it is absent."""
-    exists = conn.execute(
-        text(
-            "SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-            "WHERE n.nspname = :schema AND p.proname = 'schema_version'"
-        ),
-        {"schema": SCHEMA},
-    ).scalar()
-    if not exists:
-        return None
-    return conn.execute(text("SELECT postjob.schema_version()")).scalar_one()  # type: ignore[no-any-return]
+    return read_revision(lambda sql: conn.exec_driver_sql(sql).scalar())
 
 
 def _stamp_if_adopted(conn: Connection) -> None:
@@ -108,16 +113,20 @@ def downgrade(bind: Bind, revision: str = "base") -> None:
         _alembic_downgrade(_config(conn), revision)
 
 
-def check_schema(conn: Connection) -> None:
+def check_revision(installed: str | None) -> None:
     """Raise :class:`SchemaError` with the command to run if the schema is missing or old."""
-    rev = installed_revision(conn)
     head = head_revision()
-    if rev is None:
+    if installed is None:
         raise SchemaError(f"the postjob schema is missing from this database: {MIGRATE_HINT}")
-    if rev != head:
+    if installed != head:
         raise SchemaError(
-            f"the postjob schema is at revision {rev}, this code needs {head}: {MIGRATE_HINT}"
+            f"the postjob schema is at revision {installed}, this code needs {head}: {MIGRATE_HINT}"
         )
+
+
+def check_schema(conn: Connection) -> None:
+    """:func:`check_revision` of the schema this connection sees."""
+    check_revision(installed_revision(conn))
 
 
 def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:

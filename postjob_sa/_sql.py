@@ -58,8 +58,6 @@ LEASE_EXTEND_DBAPI = (
 
 CLIENT_IDENTIFIER_SET_DBAPI = "SELECT postjob.set_client_identifier(%(identifier)s)"
 
-SCHEMA_VERSION_DBAPI = "SELECT postjob.schema_version()"
-
 LISTEN_DBAPI = "LISTEN postjob_notifications"
 
 #: How a worker's connection shows in pg_stat_activity: "postjob worker host:pid".

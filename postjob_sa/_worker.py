@@ -25,9 +25,8 @@ from postjob_sa import _listener, _sql
 from postjob_sa._connections import close_quietly, connect
 from postjob_sa._executor import Abort, Outcome, finish_params, run_job
 from postjob_sa._heartbeat import Heartbeat
-from postjob_sa._migrations import MIGRATE_HINT, head_revision
+from postjob_sa._migrations import check_revision, read_revision
 from postjob_sa.context import RunningJob, _RunContext
-from postjob_sa.errors import SchemaError
 
 if TYPE_CHECKING:
     from postjob_sa.queue import JobQueue
@@ -109,19 +108,7 @@ class Worker:
             return
         self.conn = connect(self.q.engine)
         with self.conn.cursor() as cur:
-            cur.execute(
-                "SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-                "WHERE n.nspname = 'postjob' AND p.proname = 'schema_version'"
-            )
-            if cur.fetchone() is None:
-                raise SchemaError(f"the postjob schema is missing from this database: {MIGRATE_HINT}")
-            cur.execute(_sql.SCHEMA_VERSION_DBAPI)
-            rev = cur.fetchone()[0]
-            if rev != head_revision():
-                raise SchemaError(
-                    f"the postjob schema is at revision {rev}, this code needs "
-                    f"{head_revision()}: {MIGRATE_HINT}"
-                )
+            check_revision(read_revision(lambda sql: _scalar(cur, sql)))
             cur.execute(_sql.CLIENT_IDENTIFIER_SET_DBAPI, {"identifier": self.q.identifier})
             cur.execute(_sql.APPLICATION_NAME_SET_DBAPI, {"name": f"postjob worker {self.q.identifier}"})
             cur.execute(_sql.WORKER_PREPARE_DBAPI)
@@ -387,6 +374,12 @@ class Worker:
             raise Abort()
         if self._waiting:
             raise _WakeUp()
+
+
+def _scalar(cur: Any, sql: str) -> Any:
+    cur.execute(sql)
+    row = cur.fetchone()
+    return None if row is None else row[0]
 
 
 def _running_job(row: Any) -> RunningJob:
