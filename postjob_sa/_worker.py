@@ -303,7 +303,7 @@ class Worker:
     # -- transactional mode ------------------------------------------------------------------
 
     def _transactional_step(self) -> int:
-        session = self.q.worker_session()
+        session = self.q.session
         names, versions = self.tx_pairs
         try:
             row = session.execute(

@@ -85,7 +85,9 @@ class ChildHandle:
         row = self._loaded()
         if row["workflow"] != MANUAL_WORKFLOW:
             raise NotInJob(f"job {row['id']} is not a manual job and has no token")
-        return str(self._ctx.fetch_one(_sql.MANUAL_TOKEN_DBAPI, {"job_id": row["id"]}))
+        if "token" not in row:  # created on first use, then remembered for this run
+            row["token"] = str(self._ctx.fetch_one(_sql.MANUAL_TOKEN_DBAPI, {"job_id": row["id"]}))
+        return str(row["token"])
 
     def result(self) -> Any:
         """The child's result; raises ChildFailed if it failed or timed out; otherwise the

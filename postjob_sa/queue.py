@@ -61,9 +61,6 @@ class JobQueue:
     def engine(self) -> Engine:
         return engine_of(self.session)
 
-    def worker_session(self) -> Session:
-        return self.session
-
     # -- enqueue -----------------------------------------------------------------------------
 
     def _options(
