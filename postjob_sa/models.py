@@ -21,14 +21,14 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Text,
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SCHEMA = "postjob"
-CHANNEL = "postjob_notifications"
 MANUAL_WORKFLOW = "__manual__"
 
 
@@ -119,11 +119,15 @@ class Job(Base):
     processing_max_duration: Mapped[float | None] = mapped_column(Double)
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     lease_token: Mapped[int | None] = mapped_column(BigInteger)
+    #: the worker (``postjob.workers``) running the job, while it is processing
+    worker_id: Mapped[int | None] = mapped_column(BigInteger)
 
     __table_args__ = (
-        # checkout: runnable jobs in due order
+        # checkout: runnable jobs of one (workflow, version) in due order
         Index(
-            "postjobs_runnable_idx",
+            "postjobs_runnable_by_workflow_idx",
+            "workflow",
+            "workflow_version",
             "next_run_at",
             postgresql_where=text("status IN ('ready', 'err')"),
         ),
@@ -196,5 +200,33 @@ class Token(Base):
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), nullable=False
     )
+
+    __table_args__ = ({"schema": SCHEMA},)
+
+
+class Worker(Base):
+    """A running worker, kept alive by its heartbeat: a row of ``postjob.workers``.
+
+    A job whose worker still beats is never presumed abandoned, whatever its own lease says.
+    """
+
+    __tablename__ = "workers"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    identifier: Mapped[str] = mapped_column(String, nullable=False)
+    started_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+    heartbeat_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    #: the schema revision the worker's code was written for
+    code_revision: Mapped[str] = mapped_column(String, nullable=False)
+    workflows: Mapped[list[str]] = mapped_column(
+        ARRAY(Text), server_default=text("'{}'::text[]"), nullable=False
+    )
+    #: the queues it serves; None: all
+    queues: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
 
     __table_args__ = ({"schema": SCHEMA},)
