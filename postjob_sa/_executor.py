@@ -1,18 +1,21 @@
-"""Runs one job and turns what its workflow did into an outcome for ``finish_jobs``."""
+"""Runs one job and turns what its workflow did into an outcome for ``finish_jobs``.
+
+Whatever the workflow does, the outcome can be stored: a result PostgreSQL would refuse fails the
+job with ``ResultNotJSON``, and error text is escaped (NUL, lone surrogates) and cut to size.
+"""
 
 from __future__ import annotations
 
-import json
-import logging
+import asyncio
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from postjob_sa import _json
 from postjob_sa.context import Pending, _RunContext, enter, leave
-from postjob_sa.errors import NonRecoverable, ResultNotJSON
+from postjob_sa.errors import LeaseLost, NonRecoverable, ResultNotJSON
 from postjob_sa.registry import Workflow
-
-log = logging.getLogger("postjob_sa.worker")
 
 MAX_MESSAGE_CHARS = 10_000
 MAX_FRAMES = 100
@@ -28,41 +31,65 @@ class Outcome:
 
     job_id: int
     lease_token: int | None
-    kind: str  # ok | err | failed | sleep | release
+    kind: str  # ok | err | failed | sleep | release | lost (not recorded: the lease is gone)
     result: str | None = None  # JSON of [value]
     error: str | None = None
     message: str | None = None
     backtrace: str | None = None  # JSON array of frames
     version: str | None = None
     awaiting: int | None = None
+    #: SystemExit, KeyboardInterrupt or CancelledError raised by the job: recorded, then re-raised
+    interrupt: BaseException | None = None
+    workflow: str = ""
+    duration: float = 0.0  # seconds the run took
+
+    def describe(self) -> str:
+        """'job 12 (app.send)', for log lines."""
+        return f"job {self.job_id} ({self.workflow})" if self.workflow else f"job {self.job_id}"
+
+    def rejected(self, reason: str) -> Outcome:
+        """This run failed instead, because the database refused its outcome."""
+        return Outcome(
+            self.job_id, self.lease_token, "failed", error="OutcomeRefused",
+            message=_json.storable(f"the database refused the outcome of this run: {reason}",
+                                   MAX_MESSAGE_CHARS),
+            version=self.version, workflow=self.workflow, duration=self.duration,
+        )
+
+
+def error_name(exc: BaseException) -> str:
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _error_outcome(ctx: _RunContext, wf: Workflow[Any, Any], kind: str, exc: BaseException) -> Outcome:
     frames = traceback.extract_tb(exc.__traceback__)[-MAX_FRAMES:]
-    backtrace = [f"{f.filename}:{f.lineno}:in {f.name}" for f in frames]
-    cls = type(exc)
-    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    backtrace = [_json.storable(f"{f.filename}:{f.lineno}:in {f.name}") for f in frames]
     return Outcome(
         job_id=ctx.job.id,
         lease_token=ctx.job.lease_token,
         kind=kind,
-        error=name,
-        message=str(exc)[:MAX_MESSAGE_CHARS].replace("\x00", "\\0"),
-        backtrace=json.dumps(backtrace),
+        error=_json.storable(error_name(exc)),
+        message=_json.storable(str(exc), MAX_MESSAGE_CHARS),
+        backtrace=_json.encode(backtrace),
         version=wf.version,
     )
 
 
-_RESULT_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
-
-
 def run_job(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
-    """Call the workflow with the job's args inside the job context; never raises (but Abort)."""
+    """Call the workflow with the job's args inside the job context. Never raises but
+    :class:`Abort`: an interruption comes back as an outcome that carries it."""
     token = enter(ctx)
+    started = time.monotonic()
     try:
-        return _run(ctx, wf)
+        outcome = _run(ctx, wf)
+    except LeaseLost:
+        outcome = Outcome(ctx.job.id, ctx.job.lease_token, "lost", version=wf.version)
     finally:
         leave(token)
+    outcome.workflow = ctx.job.workflow
+    outcome.duration = time.monotonic() - started
+    return outcome
 
 
 def _run(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
@@ -77,16 +104,23 @@ def _run(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
             ctx.flush_children()
         except Exception as exc:  # the children could not be written: retry the run
             return _error_outcome(ctx, wf, "err", exc)
-        return Outcome(job.id, job.lease_token, "sleep", version=wf.version,
-                       awaiting=pending.child_id)
+        return Outcome(job.id, job.lease_token, "sleep", version=wf.version, awaiting=pending.child_id)
+    except (LeaseLost, Abort):
+        raise
     except NonRecoverable as exc:
         return _error_outcome(ctx, wf, "failed", exc)
     except Exception as exc:
-        try:
-            ctx.flush_children()
-        except Exception:
-            log.exception("job %s: could not create its spawned children", job.id)
+        _keep_children(ctx)
         return _error_outcome(ctx, wf, "err", exc)
+    except (KeyboardInterrupt, asyncio.CancelledError) as exc:
+        # interrupted from outside: back to ready, no attempt counted
+        _keep_children(ctx)
+        return Outcome(job.id, job.lease_token, "release", version=wf.version, interrupt=exc)
+    except BaseException as exc:  # SystemExit and the like: the job's own doing, an attempt
+        _keep_children(ctx)
+        outcome = _error_outcome(ctx, wf, "err", exc)
+        outcome.interrupt = exc
+        return outcome
     if ctx.pending:
         try:
             ctx.flush_children()
@@ -95,14 +129,21 @@ def _run(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
     if value is None:
         return Outcome(job.id, job.lease_token, "ok", result="[null]", version=wf.version)
     try:
-        result = _RESULT_ENCODER.encode([value])
-    except (TypeError, ValueError) as exc:
-        err = ResultNotJSON(f"the workflow returned a value that is not JSON: {exc}")
-        return _error_outcome(ctx, wf, "failed", err)
-    if "\\u0000" in result:
-        err = ResultNotJSON("the workflow returned a string with a NUL character")
+        result = _json.encode([value])
+    except _json.NotStorable as exc:
+        err = ResultNotJSON(f"the workflow returned a value that cannot be stored as JSON: {exc}")
         return _error_outcome(ctx, wf, "failed", err)
     return Outcome(job.id, job.lease_token, "ok", result=result, version=wf.version)
+
+
+def _keep_children(ctx: _RunContext) -> None:
+    """Children spawned before an error are created (the retry finds them)."""
+    try:
+        ctx.flush_children()
+    except LeaseLost:
+        raise
+    except Exception:
+        pass  # the run failed anyway; its retry spawns them again
 
 
 def finish_params(outcomes: list[Outcome], fast: bool) -> dict[str, Any]:

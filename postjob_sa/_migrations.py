@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine
 
+from postjob_sa import _sql
 from postjob_sa.errors import SchemaError
 from postjob_sa.models import SCHEMA
 
@@ -31,19 +33,19 @@ MIGRATE_HINT = (
 
 Bind = Engine | Connection | str
 
-# Plain statements, for a SQLAlchemy connection or a driver-level cursor (the worker's).
-SCHEMA_EXISTS_SQL = (
-    "SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-    "WHERE n.nspname = 'postjob' AND p.proname = 'schema_version'"
-)
-SCHEMA_REVISION_SQL = "SELECT postjob.schema_version()"
-
 
 def read_revision(scalar: Callable[[str], Any]) -> str | None:
     """The installed revision, or None without a schema; ``scalar`` runs one statement."""
-    if scalar(SCHEMA_EXISTS_SQL) is None:
+    if scalar(_sql.SCHEMA_EXISTS) is None:
         return None
-    return str(scalar(SCHEMA_REVISION_SQL))
+    return str(scalar(_sql.SCHEMA_REVISION))
+
+
+def read_oldest_served(scalar: Callable[[str], Any]) -> str | None:
+    """The oldest code revision the installed schema still serves (None: only its own)."""
+    if scalar(_sql.SCHEMA_OLDEST_SERVED_EXISTS) is None:
+        return None
+    return str(scalar(_sql.SCHEMA_OLDEST_SERVED))
 
 
 def _config(connection: Connection) -> Config:
@@ -55,6 +57,7 @@ def _config(connection: Connection) -> Config:
     return cfg
 
 
+@functools.cache
 def head_revision() -> str:
     """The newest revision of the ``postjob`` branch shipped with this package."""
     cfg = Config()
@@ -96,6 +99,13 @@ def _stamp_if_adopted(conn: Connection) -> None:
         ctx.stamp(ScriptDirectory.from_config(_config(conn)), rev)
 
 
+def _hand_over(conn: Connection, bind: Bind) -> None:
+    """End the transaction our own checks began, so that Alembic manages the transactions of
+    the migrations (and can run a step outside them); a caller's connection is left as it is."""
+    if not isinstance(bind, Connection) and conn.in_transaction():
+        conn.commit()
+
+
 def migrate(bind: Bind, revision: str = "heads") -> None:
     """Bring the ``postjob`` schema to the newest revision; idempotent.
 
@@ -103,6 +113,7 @@ def migrate(bind: Bind, revision: str = "heads") -> None:
     """
     with _connection(bind) as conn:
         _stamp_if_adopted(conn)
+        _hand_over(conn, bind)
         _alembic_upgrade(_config(conn), revision)
 
 
@@ -110,23 +121,41 @@ def downgrade(bind: Bind, revision: str = "base") -> None:
     """Downgrade the ``postjob`` schema; ``base`` drops the schema and every job in it."""
     with _connection(bind) as conn:
         _stamp_if_adopted(conn)
+        _hand_over(conn, bind)
         _alembic_downgrade(_config(conn), revision)
 
 
-def check_revision(installed: str | None) -> None:
-    """Raise :class:`SchemaError` with the command to run if the schema is missing or old."""
+def check_revision(installed: str | None, oldest_served: str | None = None) -> None:
+    """Raise :class:`SchemaError`, with what to do, unless this code can work on the schema.
+
+    Code works on its own revision and on newer ones that still serve it (the schema's
+    ``oldest_served_code``), so migrating first and then rolling the workers never stops them.
+    Revision ids sort in the order they were made (pj0001, pj0002, ...).
+    """
     head = head_revision()
     if installed is None:
         raise SchemaError(f"the postjob schema is missing from this database: {MIGRATE_HINT}")
-    if installed != head:
+    if installed == head:
+        return
+    if installed < head:
         raise SchemaError(
             f"the postjob schema is at revision {installed}, this code needs {head}: {MIGRATE_HINT}"
         )
+    if oldest_served is not None and oldest_served <= head:
+        return
+    raise SchemaError(
+        f"the postjob schema is at revision {installed}, which no longer serves this code "
+        f"(written for {head}): upgrade postjob_sa where this runs"
+    )
 
 
 def check_schema(conn: Connection) -> None:
     """:func:`check_revision` of the schema this connection sees."""
-    check_revision(installed_revision(conn))
+
+    def scalar(sql: str) -> Any:
+        return conn.exec_driver_sql(sql).scalar()
+
+    check_revision(read_revision(scalar), read_oldest_served(scalar))
 
 
 def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:

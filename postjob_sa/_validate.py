@@ -3,21 +3,18 @@ anything is written."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from postjob_sa import _json
 from postjob_sa.errors import InvalidArgument
 
 MAX_ARGS_BYTES = 1 << 20  # 1 MiB of JSON per job's args
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_TIMEOUT_SECONDS = 366 * 24 * 3600.0
 MAX_NAME_LENGTH = 200
-
-# one strict encoder, reused (json.dumps with options builds a new encoder per call)
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 
 
 def name(value: object, what: str) -> str:
@@ -27,18 +24,29 @@ def name(value: object, what: str) -> str:
         raise InvalidArgument(f"{what} is longer than {MAX_NAME_LENGTH} characters")
     if any(ord(c) < 32 for c in value):
         raise InvalidArgument(f"{what} must not contain control characters: {value!r}")
+    if not value.isascii() and any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise InvalidArgument(f"{what} must be valid Unicode (it holds a lone surrogate): {value!r}")
+    return value
+
+
+def text(value: str, what: str) -> str:
+    """A string PostgreSQL stores as it is (no NUL, no lone surrogate); InvalidArgument otherwise."""
+    if "\x00" in value:
+        raise InvalidArgument(f"{what} must not contain NUL characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument(f"{what} must be valid Unicode (it holds a lone surrogate)") from None
     return value
 
 
 def to_json(value: Any, what: str) -> str:
-    """Encode as strict JSON (no NaN/Infinity); InvalidArgument if it is not JSON."""
+    """Strict JSON that PostgreSQL stores; InvalidArgument (saying why) otherwise."""
     try:
-        text = _ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"{what} must be JSON-serialisable: {exc}") from None
-    if "\\u0000" in text:
-        raise InvalidArgument(f"{what} must not contain NUL characters")
-    return text
+        return _json.encode(value)
+    except _json.NotStorable as exc:
+        raise InvalidArgument(f"{what} cannot be stored as JSON: {exc}") from None
 
 
 def args_json(args: Any) -> str:

@@ -1,9 +1,11 @@
 """The worker loop: check out, run, record; wait for work; survive outages; stop cleanly.
 
-Lease mode (the default): a checkout commits at once and hands each job a lease and a
-fencing token; the job runs outside any transaction; outcomes are recorded in batches by
-one ``finish_jobs`` call. Transactional mode: checkout, the job's own writes and its
-completion commit together in the worker's Session.
+A worker is built from an engine, a registry and :class:`WorkerOptions`; it owns its connections
+(taken from the engine, see ``_db``) and never reads the caller's session. Lease mode (the
+default): a checkout commits at once and hands each job a lease and a fencing token; the job runs
+outside any transaction; outcomes are recorded in batches with the next checkout (``_recorder``),
+and the keeper thread (``_keeper``) beats and records what would otherwise wait. Transactional
+mode runs one job per transaction (``_transactional``).
 """
 
 from __future__ import annotations
@@ -14,34 +16,36 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from psycopg2 import InterfaceError, OperationalError
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Engine
 
-from postjob_sa import _listener, _sql
-from postjob_sa._connections import close_quietly, connect
-from postjob_sa._executor import Abort, Outcome, finish_params, run_job
-from postjob_sa._heartbeat import Heartbeat
-from postjob_sa._migrations import check_revision, read_revision
+from postjob_sa import _sql
+from postjob_sa._db import Conn, Failure, close_quietly, failure, worker_identifier
+from postjob_sa._executor import Abort, Outcome, run_job
+from postjob_sa._keeper import Keeper
+from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
+from postjob_sa._recorder import Recorder
+from postjob_sa._transactional import TransactionalRunner
 from postjob_sa.context import RunningJob, _RunContext
-
-if TYPE_CHECKING:
-    from postjob_sa.queue import JobQueue
+from postjob_sa.registry import Registry
 
 log = logging.getLogger("postjob_sa.worker")
 
 #: The longest a worker sleeps without looking at the queue.
 WAIT_CAP = 30.0
-#: Outcomes of short jobs are recorded together, at the latest after this many seconds.
-FLUSH_INTERVAL = 0.05
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 #: A busy worker's checkouts reap expired leases and deadlines at most this often; an idle
 #: one reaps before it waits, so the checkout after a wake-up does not pay for it.
 REAP_INTERVAL = 1.0
-_CONNECTION_ERRORS = (OperationalError, InterfaceError)
+#: How long an idle worker waits when a job is due that its checkout could not take (another
+#: transaction holds its row): the n-th such miss in a row waits the n-th delay (a NOTIFY still
+#: wakes it at once), so the worker never spins on a locked job.
+MISS_DELAYS = (0.0, 0.02, 0.1, 0.25, 0.5, 1.0)
+#: Deadlocks met by a checkout in a row before the worker gives up.
+TRANSIENT_LIMIT = 10
 
 
 class _WakeUp(BaseException):
@@ -50,44 +54,51 @@ class _WakeUp(BaseException):
 
 @dataclass
 class WorkerOptions:
-    count: int | None = None
+    """How a worker runs (``JobQueue`` builds them from its own arguments)."""
+
+    lease: float = 60.0
     batch: int = 1
+    fast_mode: bool = False
+    identifier: str = field(default_factory=worker_identifier)
     queues: list[str] | None = None
     workflows: list[str] | None = None
+    count: int | None = None
     until_idle: bool = False
     handle_signals: bool = True
-    all_transactional: bool = False
-
-
-def _is_connection_error(exc: BaseException) -> bool:
-    if isinstance(exc, DBAPIError):
-        return exc.connection_invalidated or isinstance(exc.orig, _CONNECTION_ERRORS)
-    return isinstance(exc, _CONNECTION_ERRORS)
+    #: run every job in transactional mode (``JobQueue.step(transactional=True)``)
+    transactional: bool = False
 
 
 class Worker:
-    """One worker loop over a JobQueue (see ``JobQueue.work``)."""
+    """One worker loop (see ``JobQueue.work``)."""
 
-    def __init__(self, queue: JobQueue, options: WorkerOptions):
-        self.q = queue
+    def __init__(self, engine: Engine, registry: Registry, options: WorkerOptions):
+        self.engine = engine
+        self.registry = registry
         self.opts = options
-        reg = queue.registry
-        if options.all_transactional:
+        if options.transactional:
             self.lease_pairs: tuple[list[str], list[str]] = ([], [])
-            self.tx_pairs = reg.pairs(options.workflows)
+            self.tx_pairs = registry.pairs(options.workflows)
         else:
-            self.lease_pairs = reg.pairs(options.workflows, transactional=False)
-            self.tx_pairs = reg.pairs(options.workflows, transactional=True)
-        self.conn: Any = None
-        self.heartbeat = Heartbeat(queue.engine, queue.lease)
-        self.buffer: list[Outcome] = []
-        self.buffer_since = 0.0
-        self.processed = 0
-        self._last_reap = float("-inf")
-        self._busy = True  # the first checkout reaps
-        self._reaped = False  # whether the last checkout reaped
+            self.lease_pairs = registry.pairs(options.workflows, transactional=False)
+            self.tx_pairs = registry.pairs(options.workflows, transactional=True)
+        self.recorder = Recorder(fast_mode=options.fast_mode, lease=options.lease)
+        self.keeper = Keeper(
+            engine, self.recorder, lease=options.lease, identifier=options.identifier,
+            revision=head_revision(), workflows=self.lease_pairs[0] + self.tx_pairs[0],
+            queues=options.queues,
+        )
+        self.tx_runner = TransactionalRunner(engine, registry, lease=options.lease,
+                                             fast_mode=options.fast_mode)
+        self.conn: Conn | None = None
+        self.ran = 0  # runs finished (recorded or not yet)
+        self.tx_recorded = 0
         self.last_job_id: int | None = None
         self.stop_requested = False
+        self._last_reap = float("-inf")
+        self._busy = True  # the first checkout reaps
+        self._idle_reaped = False  # reaped since the last job ran (drain: then it is done)
+        self._misses = 0
         self._in_job = False
         self._waiting = False
         self._signals = 0
@@ -95,60 +106,69 @@ class Worker:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def run(self) -> int:
+        """Work until told to stop; returns how many runs were recorded."""
         with self._signal_handlers():
             try:
                 self._connect()
+                assert self.conn is not None
+                self.keeper.register(self.conn)
+                self.keeper.start()
                 self._loop()
             finally:
                 self._shutdown()
-        return self.processed
+        return self.recorder.recorded + self.tx_recorded
 
     def _connect(self) -> None:
         if self.conn is not None:
             return
-        self.conn = connect(self.q.engine)
-        with self.conn.cursor() as cur:
-            check_revision(read_revision(lambda sql: _scalar(cur, sql)))
-            cur.execute(_sql.CLIENT_IDENTIFIER_SET_DBAPI, {"identifier": self.q.identifier})
-            cur.execute(_sql.APPLICATION_NAME_SET_DBAPI, {"name": f"postjob worker {self.q.identifier}"})
-            cur.execute(_sql.WORKER_PREPARE_DBAPI)
-        if not self.opts.until_idle:
-            _listener.listen(self.conn)
+        conn = Conn.open(self.engine)
+        try:
+            check_revision(read_revision(conn.scalar), read_oldest_served(conn.scalar))
+            conn.scalar(_sql.WORKER_NAME_SET, {"name": f"postjob worker {self.opts.identifier}"})
+            if not self.opts.until_idle:
+                conn.listen(_sql.WORKER_LISTEN)
+        except BaseException:
+            conn.close()
+            raise
+        self.conn = conn
 
     def _disconnect(self) -> None:
         close_quietly(self.conn)
         self.conn = None
 
     def _shutdown(self) -> None:
+        self.keeper.stop()
         try:
             self._flush()
         except Exception as exc:
-            log.warning("could not record %d outcomes at shutdown: %s", len(self.buffer), exc)
-        self.heartbeat.stop()
+            log.warning("could not record %d outcomes at shutdown (their jobs are rescued when "
+                        "their lease ends): %s", len(self.recorder.take()), exc)
+        self.keeper.unregister(self.conn)
         self._disconnect()
 
     def _done(self) -> bool:
-        return self.stop_requested or (
-            self.opts.count is not None and self.processed >= self.opts.count
-        )
+        return self.stop_requested or (self.opts.count is not None and self.ran >= self.opts.count)
 
     def _loop(self) -> None:
         failures = 0
+        transient = 0
         while not self._done():
             try:
                 self._connect()
-                did = 0
-                if self.tx_pairs[0]:
-                    did += self._transactional_step()
+                assert self.conn is not None
+                self.keeper.beat_if_due(self.conn)
+                did = self._transactional_step() if self.tx_pairs[0] else 0
                 if self.lease_pairs[0] and not self._done():
                     did += self._lease_batch()
-                failures = 0
+                failures = transient = 0
                 if did:
+                    self._misses = 0
+                    self._idle_reaped = False
                     continue
                 if self.opts.until_idle:
-                    if self._reaped or not self.lease_pairs[0]:  # (a transactional checkout reaps)
+                    if self._idle_reaped:
                         return
-                    self._busy, self._last_reap = True, float("-inf")  # reap, then look again
+                    self._reap()
                     continue
                 self._wait()
             except Abort:
@@ -156,14 +176,18 @@ class Worker:
             except _WakeUp:
                 continue
             except Exception as exc:
-                if not _is_connection_error(exc):
+                kind = failure(exc)
+                message = " ".join(str(exc).split())[:300]
+                if kind is Failure.TRANSIENT and transient < TRANSIENT_LIMIT:
+                    transient += 1
+                    log.warning("%s: trying again", message)
+                    self._sleep(0.05 * transient)
+                    continue
+                if kind is not Failure.CONNECTION:
                     raise
                 delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
                 failures += 1
-                log.warning(
-                    "database unreachable (%s); reconnecting in %.2fs",
-                    " ".join(str(exc).split())[:200], delay,
-                )
+                log.warning("database unreachable (%s); reconnecting in %.2fs", message, delay)
                 self._disconnect()
                 self._sleep(delay)
 
@@ -178,28 +202,38 @@ class Worker:
 
     # -- waiting -----------------------------------------------------------------------------
 
-    def _wait(self) -> None:
+    def _idle_params(self, reap: bool) -> dict[str, Any]:
         names, versions = self.lease_pairs[0] + self.tx_pairs[0], self.lease_pairs[1] + self.tx_pairs[1]
-        params = {"workflows": names, "versions": versions, "queues": self.opts.queues,
-                  "fast": self.q.fast_mode}
+        return {"workflows": names, "workflow_versions": versions, "queues": self.opts.queues,
+                "reap": reap}
+
+    def _reap(self) -> None:
+        assert self.conn is not None
+        self.conn.scalar(_sql.WORKER_IDLE, self._idle_params(True))
+        self._last_reap = time.monotonic()
+        self._idle_reaped = True
+
+    def _wait(self) -> None:
+        assert self.conn is not None
         now = time.monotonic()
-        with self.conn.cursor() as cur:
-            if now - self._last_reap >= REAP_INTERVAL:
-                self._last_reap = now
-                cur.execute(_sql.WORKER_REAP_AND_TIME_TO_NEXT_DBAPI, params)
-            else:
-                cur.execute(_sql.WORKER_TIME_TO_NEXT_DBAPI, params)
-            ttnj = cur.fetchone()[0]
+        reap = now - self._last_reap >= REAP_INTERVAL
+        if reap:
+            self._last_reap = now
+        ttnj = self.conn.scalar(_sql.WORKER_IDLE, self._idle_params(reap))
         if ttnj is not None and ttnj <= 0:
-            self._last_reap = float("-inf")  # something is due: reap before the next wait
-        timeout = WAIT_CAP if ttnj is None else max(0.0, min(float(ttnj), WAIT_CAP))
-        if timeout <= 0:
+            # due now, yet the checkout found nothing to take: its row is locked by another
+            # transaction (or it just became due); look again, less and less often
+            timeout = MISS_DELAYS[min(self._misses, len(MISS_DELAYS) - 1)]
+            self._misses += 1
+        else:
+            self._misses = 0
+            timeout = WAIT_CAP if ttnj is None else min(float(ttnj), WAIT_CAP)
+        timeout = min(timeout, self.keeper.seconds_to_beat())
+        if timeout <= 0 or self.stop_requested:
             return
         self._waiting = True
         try:
-            if self.stop_requested:
-                return
-            _listener.wait(self.conn, timeout)
+            self.conn.wait(timeout)
         except _WakeUp:
             pass
         finally:
@@ -210,137 +244,107 @@ class Worker:
     def _remaining(self) -> int:
         limit = self.opts.batch
         if self.opts.count is not None:
-            limit = min(limit, self.opts.count - self.processed)
+            limit = min(limit, self.opts.count - self.ran)
         return max(limit, 1)
 
-    def _cycle(self, limit: int) -> list[Any]:
-        """Record the buffered outcomes and check out up to ``limit`` jobs: one round trip."""
-        batch = self.buffer
-        names, versions = self.lease_pairs
+    def _lease_batch(self) -> int:
+        """Record the buffered outcomes and check out the next jobs (one round trip), then
+        run them one after the other."""
+        assert self.conn is not None
+        limit = self._remaining()
         now = time.monotonic()
         # a busy worker reaps now and then; after a wait (not busy) the wait just did
-        reap = limit > 0 and self._busy and now - self._last_reap >= REAP_INTERVAL
+        reap = self._busy and now - self._last_reap >= REAP_INTERVAL
         if reap:
             self._last_reap = now
-        if limit > 0:
-            self._reaped = reap
-        checkout = {
-            "workflows": names, "workflow_versions": versions, "queues": self.opts.queues,
-            "limit": limit, "lease": self.q.lease, "fast": self.q.fast_mode, "reap": reap,
-        }
-        with self.conn.cursor() as cur:
-            if batch:
-                params = finish_params(batch, self.q.fast_mode)
-                params.update(checkout)
-                cur.execute(_sql.WORKER_CYCLE_DBAPI, params)
-            else:
-                cur.execute(_sql.WORKER_CHECKOUT_DBAPI, checkout)
-            rows: list[Any] = cur.fetchall()
-        if limit > 0:
-            self._busy = bool(rows)
-        self.buffer = []
-        if batch:
-            self.heartbeat.release([o.job_id for o in batch])
-        if self.conn.notices:
-            for notice in self.conn.notices:
-                log.warning("%s (reaped, reset or resolved meanwhile: outcome not recorded)",
-                            notice.strip().removeprefix("NOTICE:  "))
-            self.conn.notices.clear()
-        return rows
-
-    def _flush(self) -> None:
-        if self.buffer and self.conn is not None:
-            self._cycle(0)
-
-    def _lease_batch(self) -> int:
-        rows = self._cycle(self._remaining())
+        names, versions = self.lease_pairs
+        checkout = {"workflows": names, "workflow_versions": versions,
+                    "queues": self.opts.queues, "limit": limit, "reap": reap}
+        outcomes = self.recorder.take()
+        rows = self.recorder.cycle(self.conn, outcomes, checkout, self.keeper.worker_id,
+                                   self.opts.identifier)
+        self.keeper.release(o.job_id for o in outcomes)
+        self._busy = bool(rows)
         if not rows:
+            self._idle_reaped = self._idle_reaped or reap
             return 0
-        jobs = [RunningJob(*r) for r in rows]
-        self.heartbeat.hold({j.id: j.lease_token for j in jobs if j.lease_token is not None})
-        registry = self.q.registry.workflows
-        cursor = self.conn.cursor
-        info = log.isEnabledFor(logging.INFO)
+        jobs = [RunningJob(**{f: r[f] for f in RunningJob._fields}) for r in rows]
+        self.keeper.hold((j.id, j.lease_token) for j in jobs if j.lease_token is not None)
         for index, job in enumerate(jobs):
             if self.stop_requested:
                 self._release(jobs[index:])
                 break
-            started = time.monotonic()
-            self._in_job = True
-            try:
-                outcome = run_job(_RunContext(job, cursor_factory=cursor), registry[job.workflow])
-            except Abort:
-                self._in_job = False
-                log.warning("job %s interrupted: released for retry", job.id)
-                self._release(jobs[index:])
+            outcome = self._run_one(job, jobs[index + 1 :])
+            self.ran += 1
+            if outcome.kind == "lost":
+                log.warning("%s: lease lost during the run (reaped, reset or resolved "
+                            "meanwhile): the run is abandoned", outcome.describe())
+                self.keeper.release([job.id])
+                continue
+            self.recorder.add(outcome)
+            self.keeper.nudge()
+            if outcome.interrupt is not None:
+                log.warning("%s: interrupted by %s: recording it and handing back the rest of "
+                            "the batch", outcome.describe(), type(outcome.interrupt).__name__)
+                self._release(jobs[index + 1 :])
                 self._flush()
-                raise
-            finally:
-                self._in_job = False
-            ended = time.monotonic()
-            if info:
-                log.info("job %s: %s in %.1f ms", job.id, outcome.kind, (ended - started) * 1000)
-            if not self.buffer:
-                self.buffer_since = ended
-            self.buffer.append(outcome)
-            self.processed += 1
-            self.last_job_id = job.id
-            if ended - self.buffer_since >= FLUSH_INTERVAL:
-                try:
-                    self._flush()
-                except BaseException:
-                    # the flush failed (connection lost): the jobs not run yet go back with
-                    # the buffered outcomes after the reconnect; else the heartbeat would hold
-                    # their leases for as long as this worker lives
-                    self._release(jobs[index + 1 :])
-                    raise
+                raise outcome.interrupt
         return len(jobs)
+
+    def _run_one(self, job: RunningJob, rest: list[RunningJob]) -> Outcome:
+        wf = self.registry.workflows[job.workflow]
+        assert self.conn is not None
+        self._in_job = True
+        try:
+            return run_job(_RunContext(job, db=self.conn), wf)
+        except Abort:
+            self._in_job = False
+            log.warning("job %s interrupted: released for another run", job.id)
+            self._release([job, *rest])
+            self._flush()
+            raise
+        finally:
+            self._in_job = False
 
     def _release(self, jobs: list[RunningJob]) -> None:
         for job in jobs:
-            self.buffer.append(Outcome(job.id, job.lease_token, "release"))
+            self.recorder.add(Outcome(job.id, job.lease_token, "release", workflow=job.workflow))
+
+    def _flush(self) -> None:
+        """Record every buffered outcome now, on the worker's own connection."""
+        outcomes = self.recorder.take()
+        if not outcomes:
+            return
+        if self.conn is None:
+            self.recorder.put_back(outcomes)
+            raise ConnectionError("no connection to record the outcomes on")
+        self.recorder.cycle(self.conn, outcomes, None, self.keeper.worker_id, self.opts.identifier)
+        self.keeper.release(o.job_id for o in outcomes)
 
     # -- transactional mode ------------------------------------------------------------------
 
     def _transactional_step(self) -> int:
-        session = self.q.session
         names, versions = self.tx_pairs
+        self._in_job = True
         try:
-            row = session.execute(
-                _sql.JOB_CHECKOUT,
-                {
-                    "workflows": names, "versions": versions, "queues": self.opts.queues,
-                    "limit": 1, "lease": self.q.lease, "fast": self.q.fast_mode,
-                },
-            ).mappings().first()
-            if row is None:
-                session.rollback()
-                return 0
-            job = _running_job(row)
-            wf = self.q.registry.get(job.workflow)
-            assert wf is not None
-            dbapi = session.connection().connection.dbapi_connection
-            assert dbapi is not None
-            ctx = _RunContext(job, cursor_factory=dbapi.cursor, session=session)
-            savepoint = session.begin_nested()
-            self._in_job = True
-            try:
-                outcome = run_job(ctx, wf)
-            finally:
-                self._in_job = False
-            if outcome.kind in ("err", "failed"):
-                savepoint.rollback()
-            elif savepoint.is_active:
-                savepoint.commit()
-            session.execute(_sql.JOB_FINISH, finish_params([outcome], self.q.fast_mode))
-            session.commit()
-            self.processed += 1
-            self.last_job_id = job.id
-            log.info("job %s: %s (transactional)", job.id, outcome.kind)
-            return 1
-        except BaseException:
-            session.rollback()
-            raise
+            job_id = self.tx_runner.step({
+                "worker_id": self.keeper.worker_id, "identifier": self.opts.identifier,
+                "workflows": names, "versions": versions, "queues": self.opts.queues,
+                "limit": 1, "lease": self.opts.lease,
+            })
+        finally:
+            self._in_job = False
+        if job_id is None:
+            return 0
+        self.ran += 1
+        self.tx_recorded += 1
+        self.last_job_id = job_id
+        return 1
+
+    @property
+    def last_recorded(self) -> int | None:
+        """The id of the last job whose outcome was recorded."""
+        return self.last_job_id or self.recorder.last_recorded
 
     # -- signals -----------------------------------------------------------------------------
 
@@ -374,17 +378,3 @@ class Worker:
             raise Abort()
         if self._waiting:
             raise _WakeUp()
-
-
-def _scalar(cur: Any, sql: str) -> Any:
-    cur.execute(sql)
-    row = cur.fetchone()
-    return None if row is None else row[0]
-
-
-def _running_job(row: Any) -> RunningJob:
-    """A RunningJob from a mapping row (the transactional path's full checkout row)."""
-    return RunningJob(
-        row["id"], row["lease_token"], row["workflow"], row["workflow_version"], row["args"],
-        row["queue"], row["root_id"], row["full_id"], row["parent_id"],
-    )

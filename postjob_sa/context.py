@@ -9,13 +9,14 @@ child's result, raises :class:`ChildFailed`, or suspends the parent until the ch
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from postjob_sa import _sql, _validate
-from postjob_sa.errors import ChildFailed, NotInJob
+from postjob_sa._db import sqlstate
+from postjob_sa.errors import LEASE_LOST_STATE, ChildFailed, LeaseLost, NotInJob
 from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, Status
 
 _ChildKey = tuple[str, str]  # (workflow, canonical JSON of args)
@@ -86,7 +87,7 @@ class ChildHandle:
         if row["workflow"] != MANUAL_WORKFLOW:
             raise NotInJob(f"job {row['id']} is not a manual job and has no token")
         if "token" not in row:  # created on first use, then remembered for this run
-            row["token"] = str(self._ctx.fetch_one(_sql.MANUAL_TOKEN_DBAPI, {"job_id": row["id"]}))
+            row["token"] = str(self._ctx.db.scalar(_sql.MANUAL_TOKEN, {"job_id": row["id"]}))
         return str(row["token"])
 
     def result(self) -> Any:
@@ -102,58 +103,60 @@ class ChildHandle:
         raise Pending(int(row["id"]))
 
 
+class _Db(Protocol):
+    """What the job context needs of a connection (see postjob_sa._db.Conn)."""
+
+    def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]: ...
+
+    def scalar(self, sql: str, params: Mapping[str, Any] | None = None) -> Any: ...
+
+
 @dataclass
 class _RunContext:
     job: RunningJob
-    cursor_factory: Callable[[], Any]
+    db: _Db
     session: Any = None
     _children: dict[_ChildKey, dict[str, Any]] | None = None
     pending: dict[_ChildKey, _ChildSpec] = field(default_factory=dict)
 
-    def execute(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        cur = self.cursor_factory()
-        try:
-            cur.execute(sql, params)
-            return list(cur.fetchall()) if cur.description is not None else []
-        finally:
-            cur.close()
-
-    def fetch_one(self, sql: str, params: dict[str, Any]) -> Any:
-        return self.execute(sql, params)[0][0]
-
     @property
     def children(self) -> dict[_ChildKey, dict[str, Any]]:
         if self._children is None:
-            self._children = {}
-            self._load_children()
+            self._spawn([])
+        assert self._children is not None
         return self._children
 
-    def _load_children(self) -> None:
-        assert self._children is not None
-        rows = self.execute(_sql.CHILDREN_OF_JOB_DBAPI, {"parent_id": self.job.id})
-        for id_, wf, _method, args, status, results, error, message in rows:
-            self._children[(wf, _canonical(args))] = {
-                "id": id_,
-                "workflow": wf,
-                "status": status,
-                "results": results,
-                "error": error,
-                "error_message": message,
-            }
+    def _spawn(self, specs: list[_ChildSpec]) -> None:
+        """Insert these children (those that exist are kept) and load every child of the job,
+        in one round trip; LeaseLost when this run no longer holds the job."""
+        try:
+            rows = self.db.rows(
+                _sql.CHILDREN_SPAWN,
+                {
+                    "parent_id": self.job.id,
+                    "lease_token": self.job.lease_token,
+                    "queues": [s.queue for s in specs],
+                    "workflows": [s.workflow for s in specs],
+                    "args": [s.args_json for s in specs],
+                    "max_attempts": [s.max_attempts for s in specs],
+                    "timeouts": [s.timeout for s in specs],
+                },
+            )
+        except Exception as exc:
+            if sqlstate(exc) == LEASE_LOST_STATE:
+                raise LeaseLost(self.job.id) from None
+            raise
+        self._children = {(r["workflow"], _canonical(r["args"])): r for r in rows}
 
     def find_child(self, key: _ChildKey) -> dict[str, Any]:
         """Look a child up by its key in the database (the authority on JSON equality)."""
-        rows = self.execute(
-            _sql.CHILD_BY_KEY_DBAPI,
-            {"parent_id": self.job.id, "workflow": key[0], "args": key[1]},
+        rows = self.db.rows(
+            _sql.CHILD_BY_KEY, {"parent_id": self.job.id, "workflow": key[0], "args": key[1]}
         )
         if not rows:
             raise LookupError(f"child {key} of job {self.job.id} was not created")
-        id_, wf, status, results, error, message = rows[0]
-        row = {"id": id_, "workflow": wf, "status": status, "results": results,
-               "error": error, "error_message": message}
-        self.children[key] = row
-        return row
+        self.children[key] = rows[0]
+        return rows[0]
 
     def flush_children(self) -> None:
         """Insert the children spawned in this run that do not exist yet (one statement)."""
@@ -161,18 +164,7 @@ class _RunContext:
             return
         specs = list(self.pending.values())
         self.pending.clear()
-        self.execute(
-            _sql.CHILDREN_INSERT_DBAPI,
-            {
-                "parent_id": self.job.id,
-                "queues": [s.queue for s in specs],
-                "workflows": [s.workflow for s in specs],
-                "args": [s.args_json for s in specs],
-                "max_attempts": [s.max_attempts for s in specs],
-                "timeouts": [s.timeout for s in specs],
-            },
-        )
-        self._load_children()
+        self._spawn(specs)
 
 
 _current: ContextVar[_RunContext | None] = ContextVar("postjob_sa_job", default=None)
@@ -248,4 +240,7 @@ def set_workflow_status(status: str) -> None:
     ctx = _context()
     if not isinstance(status, str):
         raise TypeError("the workflow status must be a string")
-    ctx.execute(_sql.WORKFLOW_STATUS_SET_DBAPI, {"status": status, "job_id": ctx.job.id})
+    note = _validate.text(status, "the workflow status")
+    params = {"job_id": ctx.job.id, "lease_token": ctx.job.lease_token, "status": note}
+    if not ctx.db.scalar(_sql.WORKFLOW_STATUS_SET, params):
+        raise LeaseLost(ctx.job.id)

@@ -29,6 +29,23 @@ class NotInJob(PostjobError, RuntimeError):
     """A workflow helper was called outside a running job."""
 
 
+#: The SQLSTATE postjob's functions raise for a write by a run that no longer holds its job.
+LEASE_LOST_STATE = "PJ001"
+
+
+class LeaseLost(BaseException):
+    """The running job is no longer this run's: it was reaped, reset or resolved meanwhile.
+
+    Raised by ``spawn``/``result``/``set_workflow_status`` so that the abandoned run stops
+    writing; a BaseException, so that ``except Exception`` in workflow code does not swallow it.
+    The worker logs it and records nothing for the run.
+    """
+
+    def __init__(self, job_id: int):
+        super().__init__(f"job {job_id} lost its lease: its run is abandoned")
+        self.job_id = job_id
+
+
 class NonRecoverable(Exception):
     """Raise from a workflow to fail its job at once, without retries."""
 

@@ -1,5 +1,9 @@
-"""JobQueue: the Session-bound API. It joins the caller's transaction and never commits it
-(the worker loops ``step``/``drain``/``work`` own their connections and commit each step)."""
+"""JobQueue: the Session-bound API. It joins the caller's transaction and never commits it.
+
+The worker loops ``step``/``drain``/``work`` are thin entry points: they build a worker from the
+session's engine, this queue's registry and options; the worker owns its connections and never
+touches the session or what the caller has pending in it.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 from postjob_sa import _sql, _validate
-from postjob_sa._connections import engine_of, worker_identifier
-from postjob_sa._executor import Outcome, finish_params
+from postjob_sa._db import check_driver, worker_identifier
+from postjob_sa._executor import MAX_MESSAGE_CHARS, Outcome, error_name, finish_params
 from postjob_sa._worker import Worker, WorkerOptions
 from postjob_sa.errors import InvalidArgument, InvalidJobState, JobNotFound
 from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, Job, Status
@@ -27,7 +31,18 @@ DEFAULT_MAX_ATTEMPTS = 5
 def _workflow_name(workflow: Workflow[Any, Any] | str) -> tuple[str, Workflow[Any, Any] | None]:
     if isinstance(workflow, Workflow):
         return workflow.name, workflow
-    return _validate.name(workflow, "workflow"), None
+    if callable(workflow):
+        raise InvalidArgument(
+            f"{getattr(workflow, '__qualname__', workflow)!r} is not a workflow: decorate it with "
+            "@postjob_sa.workflow (or pass the workflow's name)"
+        )
+    name = _validate.name(workflow, "workflow")
+    if name == MANUAL_WORKFLOW:
+        raise InvalidArgument(
+            f"{MANUAL_WORKFLOW} is reserved for manual steps, which no worker runs: create one "
+            "with postjob_sa.manual(...) inside a workflow"
+        )
+    return name, None
 
 
 class JobQueue:
@@ -48,6 +63,10 @@ class JobQueue:
         registry: Registry | None = None,
         identifier: str | None = None,
     ):
+        if not isinstance(session, Session):
+            raise InvalidArgument(
+                f"JobQueue needs a SQLAlchemy Session, e.g. JobQueue(Session(engine)), not {session!r}"
+            )
         self.session = session
         self.fast_mode = bool(fast_mode)
         self.lease = _validate.seconds(lease, "lease") or DEFAULT_LEASE
@@ -59,7 +78,17 @@ class JobQueue:
 
     @property
     def engine(self) -> Engine:
-        return engine_of(self.session)
+        """The engine the session is bound to (workers take their connections from it)."""
+        bind = self.session.get_bind()
+        engine = bind.engine if isinstance(bind, Connection) else bind
+        assert isinstance(engine, Engine)
+        check_driver(engine)
+        return engine
+
+    def _worker(self, **options: Any) -> Worker:
+        opts = WorkerOptions(lease=self.lease, fast_mode=self.fast_mode,
+                             identifier=self.identifier, **options)
+        return Worker(self.engine, self.registry, opts)
 
     # -- enqueue -----------------------------------------------------------------------------
 
@@ -97,13 +126,17 @@ class JobQueue:
         version: str | None = None,
         run_at: datetime | None = None,
     ) -> Job:
-        """Add a job to the caller's transaction (flushed, not committed) and return it."""
+        """Add a job to the caller's transaction (flushed, not committed) and return it.
+
+        With ``parent_id``, a child that this parent already has (same workflow and args) is
+        returned instead of a second one, as ``spawn`` does."""
         name, wf = _workflow_name(workflow_or_name)
         args_json = _validate.args_json(args)
         opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
         if parent_id is not None:
             self._require_job(_validate.job_id(parent_id))
-        row = self.session.connection().execute(
+        conn = self.session.connection()
+        row = conn.execute(
             _sql.JOB_ENQUEUE,
             {
                 "workflow": name, "args": args_json, "queue": opts["queue"],
@@ -111,7 +144,14 @@ class JobQueue:
                 "version": opts["workflow_version"], "tags": opts["tags"],
                 "parent_id": parent_id, "run_at": opts["run_at"],
             },
-        ).one()
+        ).first()
+        if row is None:  # this parent has this child already: it is returned, as spawn does
+            existing = conn.execute(
+                _sql.JOB_CHILD_BY_KEY, {"parent_id": parent_id, "workflow": name, "args": args_json}
+            ).scalar_one()
+            found = self.session.get(Job, existing)
+            assert found is not None
+            return found
         # A persistent Job without another query: what the caller is likely to read is set,
         # the rest (timestamps, ...) loads on first access.
         job = Job(
@@ -165,15 +205,18 @@ class JobQueue:
         queues: Iterable[str] | None = None,
     ) -> list[Job]:
         """Check out up to ``limit`` runnable jobs (FOR UPDATE SKIP LOCKED) in the caller's
-        transaction; a rollback returns them. Record outcomes with complete()/fail()."""
+        transaction; a rollback returns them. Record outcomes with complete()/fail().
+
+        It locks only the jobs it hands out (reaping is the workers' and ``reap()``'s job)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidArgument(f"limit must be an integer from 1 to 10000, not {limit!r}")
         names, versions = self.registry.pairs(list(workflows) if workflows is not None else None)
         stmt = select(Job).from_statement(_sql.JOB_CHECKOUT).execution_options(populate_existing=True)
         params = {
+            "worker_id": None, "identifier": self.identifier,
             "workflows": names, "versions": versions,
             "queues": [_validate.name(q, "queue") for q in queues] if queues is not None else None,
-            "limit": limit, "lease": self.lease, "fast": self.fast_mode,
+            "limit": limit, "lease": self.lease,
         }
         return list(self.session.scalars(stmt, params).all())
 
@@ -190,10 +233,14 @@ class JobQueue:
 
     def fail(self, job: Job, error: BaseException, *, retry: bool = True) -> None:
         """Record a failed run of a checked-out job: retried with back-off when ``retry``."""
+        if not isinstance(error, BaseException):
+            raise InvalidArgument(f"error must be an exception, not {error!r}")
+        message = _validate.text(str(error)[:MAX_MESSAGE_CHARS], "the error message")
         self._finish(
             Outcome(
                 job.id, job.lease_token, "err" if retry else "failed",
-                error=type(error).__qualname__, message=str(error), version=job.workflow_version,
+                error=_validate.text(error_name(error), "the error class"), message=message,
+                version=job.workflow_version,
             )
         )
         self.session.expire(job)
@@ -201,24 +248,22 @@ class JobQueue:
     # -- worker loops ------------------------------------------------------------------------
 
     def step(self, transactional: bool = False) -> int | None:
-        """Check out, run and record one job; return its id, or None if none was runnable.
+        """Check out, run and record one job; return its id, or None if none was runnable
+        (or its outcome was not recorded: see the log).
 
-        With ``transactional=True`` the job runs in this queue's Session: its writes and its
-        completion commit together (the Session is committed)."""
-        worker = Worker(
-            self,
-            WorkerOptions(count=1, until_idle=True, handle_signals=False, all_transactional=transactional),
-        )
-        return worker.last_job_id if worker.run() else None
+        With ``transactional=True`` the job runs in a transaction of the worker's, and its
+        workflow gets a Session joined to it: its writes and its completion commit together.
+        The queue's own session is not touched."""
+        worker = self._worker(count=1, until_idle=True, handle_signals=False,
+                              transactional=transactional)
+        return worker.last_recorded if worker.run() else None
 
     def drain(self, *, queues: Iterable[str] | None = None) -> int:
-        """Run jobs until none is runnable now; return how many ran."""
-        return Worker(
-            self,
-            WorkerOptions(
-                batch=self.batch_size, until_idle=True, handle_signals=False,
-                queues=list(queues) if queues is not None else None,
-            ),
+        """Run jobs until none is runnable now; return how many runs were recorded. Jobs
+        enqueued in this queue's session run only once the session has committed them."""
+        return self._worker(
+            batch=self.batch_size, until_idle=True, handle_signals=False,
+            queues=list(queues) if queues is not None else None,
         ).run()
 
     def work(
@@ -230,16 +275,13 @@ class JobQueue:
     ) -> int:
         """The worker loop: run jobs as they become due, sleep on LISTEN in between; stop
         after ``count`` jobs or on SIGINT/SIGTERM (after the current job; a second signal
-        stops at once and releases the job). Returns how many jobs ran."""
+        stops at once and releases the job). Returns how many runs were recorded."""
         if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
             raise InvalidArgument(f"count must be a positive integer, not {count!r}")
-        return Worker(
-            self,
-            WorkerOptions(
-                count=count, batch=self.batch_size,
-                queues=list(queues) if queues is not None else None,
-                workflows=list(workflows) if workflows is not None else None,
-            ),
+        return self._worker(
+            count=count, batch=self.batch_size,
+            queues=list(queues) if queues is not None else None,
+            workflows=list(workflows) if workflows is not None else None,
         ).run()
 
     # -- operations --------------------------------------------------------------------------
@@ -280,14 +322,23 @@ class JobQueue:
 
     def reset(self, *ids: int) -> list[int]:
         """Make these jobs (and their failed or timed-out descendants) ready again, attempts
-        and errors cleared, with a fresh deadline. Returns the ids reset."""
+        and errors cleared, with a fresh deadline. Returns the ids reset. A running job is
+        refused (InvalidJobState): it would run twice at once."""
         checked = [_validate.job_id(i) for i in ids]
         if not checked:
             raise InvalidArgument("reset needs at least one job id")
-        found = {r[0] for r in self.session.execute(_sql.JOBS_STATUS, {"ids": checked})}
+        found: dict[int, str] = {
+            r.id: r.status for r in self.session.execute(_sql.JOBS_STATUS_LOCKED, {"ids": checked})
+        }
         missing = [i for i in checked if i not in found]
         if missing:
             raise JobNotFound(f"no job has the id {', '.join(map(str, missing))}")
+        running = [i for i in checked if found[i] == Status.processing.value]
+        if running:
+            raise InvalidJobState(
+                f"job {', '.join(map(str, running))} is running: reset it once it has finished "
+                "(or once its worker is gone and `postjob reap` has rescued it)"
+            )
         ids_reset = self.session.execute(_sql.JOBS_RESET, {"ids": checked}).scalar_one()
         return list(ids_reset)
 
@@ -301,4 +352,4 @@ class JobQueue:
     def reap(self) -> int:
         """Time out jobs past their deadline and fail over jobs whose lease expired (zombies);
         return how many. Every checkout does this too; call it from cron when no worker runs."""
-        return int(self.session.execute(_sql.JOBS_REAP, {"fast": self.fast_mode}).scalar_one())
+        return int(self.session.execute(_sql.JOBS_REAP).scalar_one())

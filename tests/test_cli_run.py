@@ -42,7 +42,7 @@ def test_run_processes_count_jobs_and_logs_each(cli: Any, engine: Engine) -> Non
     res = cli("run", "--import", "postjob_sa.demo", "--count", "2", "--fast", "--batch", "2", "-v")
     assert res.returncode == 0, res.stderr
     assert re.search(r"worker pid \d+ started", res.stderr)
-    assert len(re.findall(r"INFO job \d+: ok", res.stderr)) == 2
+    assert len(re.findall(r"INFO job \d+ \([\w.]+\): ok", res.stderr)) == 2
     assert "stopped after 2 job(s)" in res.stderr
     done = _statuses(engine)
     assert [done[i][0] for i in ids].count("ok") == 2
@@ -105,7 +105,7 @@ def test_concurrency_restarts_a_crashed_worker_and_forwards_sigterm(
         pids = [int(_wait_for(lines, r"worker \d started with pid (\d+)", seen).group(1)) for _ in range(2)]
         ids = _enqueue_measures(engine, "one", "three")
         for _ in ids:
-            _wait_for(lines, r"INFO job \d+: ok", seen)
+            _wait_for(lines, r"INFO job \d+ \([\w.]+\): ok", seen)
         deadline = time.monotonic() + 10  # the log line comes just before the outcome is written
         while {s for s, _ in _statuses(engine).values()} != {"ok"} and time.monotonic() < deadline:
             time.sleep(0.05)

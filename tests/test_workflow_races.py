@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from postjob_sa import JobQueue, workflow
-from postjob_sa._connections import connect
+from postjob_sa._db import Conn as DbConn
 from tests.wfutil import children, row
 
 FINISH = (
@@ -30,7 +30,7 @@ class Conn:
     """A raw psycopg2 connection to the test database (autocommit unless begun)."""
 
     def __init__(self, engine: Engine):
-        self.raw = connect(engine)
+        self.raw = DbConn.open(engine).raw
         self.pid = self.one("SELECT pg_backend_pid()")
 
     def one(self, sql: str, params: dict[str, Any] | None = None) -> Any:
@@ -54,7 +54,8 @@ class Conn:
     def checkout(self, workflow: str) -> tuple[int, int]:
         with self.raw.cursor() as cur:
             cur.execute(
-                "SELECT id, lease_token FROM postjob.checkout(ARRAY[%(w)s], ARRAY[''], NULL, 1, 60, true)",
+                "SELECT id, lease_token FROM postjob.checkout_v2(NULL, NULL, ARRAY[%(w)s], ARRAY[''], "
+                "NULL, 1, 60)",
                 {"w": workflow},
             )
             got = cur.fetchone()

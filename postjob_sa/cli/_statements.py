@@ -99,10 +99,12 @@ ROLE_EXISTS = text("SELECT rolsuper FROM pg_roles WHERE rolname = :name")
 #: ``psycopg2.sql.Identifier`` (quoted by psycopg2), never with text.
 SCHEMA_USAGE_GRANT = pgsql.SQL("GRANT USAGE ON SCHEMA postjob TO {role}")
 TABLES_GRANT = pgsql.SQL(
-    "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.postjobs, postjob.tokens TO {role}"
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.postjobs, postjob.tokens, "
+    "postjob.workers TO {role}"
 )
 SEQUENCES_GRANT = pgsql.SQL(
     "GRANT USAGE ON SEQUENCE postjob.postjobs_id_seq, postjob.tokens_id_seq, "
+    "postjob.workers_id_seq, "
     "postjob.lease_tokens TO {role}"
 )
 FUNCTIONS_GRANT = pgsql.SQL("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA postjob TO {role}")

@@ -30,7 +30,7 @@ APP = "tests.reliability.rel_app"
 LISTENING = text(
     "SELECT count(*) FROM pg_stat_activity "
     "WHERE datname = current_database() AND application_name LIKE 'postjob worker %' "
-    "AND state = 'idle' AND query LIKE 'EXECUTE postjob_time_to_next%'"
+    "AND state = 'idle' AND query LIKE 'SELECT postjob.worker_idle%'"
 )
 
 

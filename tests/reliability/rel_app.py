@@ -94,7 +94,7 @@ def cut(seconds: float) -> str:
         cur.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND query LIKE 'EXECUTE postjob%%'"
+            "AND query LIKE '%%postjob.worker_cycle%%'"
         )
     time.sleep(seconds)
     return "cut"

@@ -1,5 +1,6 @@
-"""The worker loses its connection in the middle of a batch: the jobs it had checked out
-but not yet run are handed back, not held (and heartbeat-extended) for ever."""
+"""The worker loses its connection in the middle of a batch: the batch runs to its end, each
+job once, its outcomes are recorded (by the keeper, on a connection of its own), and the worker
+reconnects for its next checkout; no job is held (and heartbeat-extended) for ever."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def test_unrun_jobs_of_a_batch_are_released_when_the_connection_drops(
     with Session(engine) as s:
         q = JobQueue(s)
         # one checkout takes all five, in this order: the first cuts the worker's connection;
-        # the second outlasts the flush interval, so recording the outcomes fails while
-        # three jobs of the batch have not run
+        # the second outlasts the flush delay, so the outcomes are recorded while three jobs
+        # of the batch have not run
         cut = q.enqueue("rel.cut", 0.0, run_at=base).id
         slow = q.enqueue("rel.slow", 0.2, "s", run_at=base + timedelta(milliseconds=1)).id
         others = [q.enqueue("rel.record", k, run_at=base + timedelta(milliseconds=2 + k)).id

@@ -55,7 +55,9 @@ def test_killed_workers_job_is_rescued_and_its_late_write_rejected(
         ).scalar_one()
         # the killed run's late result, while the rescue runs under a new token: rejected
         accepted = conn.execute(text(
-            "SELECT postjob.set_job_result(:j, :t, CAST('[\"late\"]' AS jsonb), NULL)"),
+            "SELECT cardinality(postjob.finish_jobs(ARRAY[CAST(:j AS bigint)], ARRAY[CAST(:t AS bigint)], "
+            "ARRAY['ok'], ARRAY[CAST('[0]' AS jsonb)], ARRAY[NULL], ARRAY[NULL], ARRAY[NULL]::jsonb[], "
+            "ARRAY[NULL], ARRAY[NULL]::bigint[])) = 1"),
             {"j": job_id, "t": old_token}).scalar_one()
         conn.commit()
         assert accepted is False

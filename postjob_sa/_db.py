@@ -1,0 +1,201 @@
+"""The worker's boundary to the database.
+
+A worker owns its connections: each is taken from the application's engine and detached from its
+pool, so the engine's ``connect_args``, ``creator`` and connect events (SSL, IAM tokens,
+``statement_timeout``) apply, while the application's pool keeps its size. Both psycopg drivers
+sit behind :class:`Conn`: statements use ``%(name)s`` placeholders (both drivers accept them),
+rows come back by column name, and :meth:`Conn.failure` says what an error means for the worker.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import select
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+
+from postjob_sa.errors import InvalidArgument
+
+#: SQLAlchemy driver names postjob_sa works with, and how to ask for each in a URL.
+SUPPORTED_DRIVERS = {"psycopg2": "postgresql+psycopg2://", "psycopg": "postgresql+psycopg://"}
+
+#: SQLSTATEs of a connection that is gone or refused (besides class 08, connection exception).
+_CONNECTION_STATES = {"57P01", "57P02", "57P03", "53300"}
+#: SQLSTATEs worth trying again as they are: another transaction was in the way.
+_TRANSIENT_STATES = {"40P01", "40001", "55P03"}
+#: SQLSTATE classes of a value the database refused (data exception, integrity constraint,
+#: program limit): the outcome that carried it is at fault, not the worker.
+_DATA_CLASSES = {"22", "23", "54"}
+
+
+class Failure(enum.Enum):
+    """What a failed statement means for the worker."""
+
+    CONNECTION = "connection"  # the connection is gone: reconnect with back-off
+    TRANSIENT = "transient"  # a deadlock or serialization conflict: try again, a few times
+    DATA = "data"  # the database refused a value: fail the job that carried it
+    FATAL = "fatal"  # anything else (permissions, a missing function): stop and say so
+
+
+def check_driver(engine: Engine) -> str:
+    """The engine's driver name, or InvalidArgument naming the supported ones."""
+    driver = engine.dialect.driver
+    if engine.dialect.name != "postgresql" or driver not in SUPPORTED_DRIVERS:
+        raise InvalidArgument(
+            f"postjob_sa works with PostgreSQL through psycopg 3 or psycopg2, not "
+            f"{engine.dialect.name}+{driver}: use a {' or '.join(SUPPORTED_DRIVERS.values())} URL"
+        )
+    return str(driver)
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a driver error (either driver, wrapped by SQLAlchemy or not)."""
+    if isinstance(exc, DBAPIError):
+        exc = exc.orig  # type: ignore[assignment]
+    state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    return str(state) if state else None
+
+
+def failure(exc: BaseException) -> Failure:
+    """Classify an error raised by a statement (see :class:`Failure`)."""
+    if isinstance(exc, UnicodeError):  # the driver could not encode a value
+        return Failure.DATA
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return Failure.CONNECTION
+        exc = exc.orig  # type: ignore[assignment]
+    state = sqlstate(exc)
+    if state is None:
+        # no server answer: the driver lost the connection (OperationalError, InterfaceError)
+        names = {cls.__name__ for cls in type(exc).__mro__}
+        if names & {"OperationalError", "InterfaceError"}:
+            return Failure.CONNECTION
+        return Failure.DATA if "DataError" in names else Failure.FATAL
+    if state.startswith("08") or state in _CONNECTION_STATES:
+        return Failure.CONNECTION
+    if state in _TRANSIENT_STATES:
+        return Failure.TRANSIENT
+    if state[:2] in _DATA_CLASSES:
+        return Failure.DATA
+    return Failure.FATAL
+
+
+class Conn:
+    """One DBAPI connection in autocommit mode, owned by a worker (or borrowed, see
+    :meth:`borrow`), with the differences between the drivers kept in here."""
+
+    def __init__(self, raw: Any, driver: str, *, owned: bool = True):
+        self.raw = raw
+        self.driver = driver
+        self.owned = owned
+        self._notified = False
+        if driver == "psycopg":
+            raw.add_notify_handler(self._on_notify)
+
+    @classmethod
+    def open(cls, engine: Engine) -> Conn:
+        """A new connection of the worker's own, made by the engine's pool and detached."""
+        driver = check_driver(engine)
+        fairy = engine.raw_connection()
+        fairy.detach()
+        raw = fairy.dbapi_connection
+        assert raw is not None
+        raw.rollback()  # no round trip unless the pool left a transaction open
+        raw.autocommit = True
+        return cls(raw, driver)
+
+    @classmethod
+    def borrow(cls, dbapi_connection: Any, driver: str) -> Conn:
+        """A view of someone else's connection (e.g. a transactional job's), never closed."""
+        return cls(dbapi_connection, driver, owned=False)
+
+    # -- statements ----------------------------------------------------------------------------
+
+    def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Run one statement; its rows as dicts by column name."""
+        cur = self.raw.cursor()
+        try:
+            cur.execute(sql, params)
+            if cur.description is None:
+                return []
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+        finally:
+            cur.close()
+
+    def scalar(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
+        """Run one statement; the first column of its first row, or None."""
+        cur = self.raw.cursor()
+        try:
+            cur.execute(sql, params)
+            row = cur.fetchone() if cur.description is not None else None
+            return None if row is None else row[0]
+        finally:
+            cur.close()
+
+    # -- wake-ups ------------------------------------------------------------------------------
+
+    def _on_notify(self, notify: Any) -> None:
+        self._notified = True
+
+    def listen(self, channel_sql: str) -> None:
+        self.rows(channel_sql)
+
+    def take_notification(self) -> bool:
+        """Whether a notification arrived since the last call (during any statement)."""
+        if self.driver == "psycopg":
+            woken, self._notified = self._notified, False
+            return woken
+        if self.raw.notifies:
+            self.raw.notifies.clear()
+            return True
+        return False
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a notification; raises if the connection is lost."""
+        if self.take_notification():
+            return True
+        if timeout <= 0:
+            return False
+        readable, _, _ = select.select([self.raw.fileno()], [], [], timeout)
+        if not readable:
+            return False
+        if self.driver == "psycopg":
+            pgconn = self.raw.pgconn
+            pgconn.consume_input()  # raises OperationalError when the server has gone
+            woken = self._notified
+            while pgconn.notifies() is not None:
+                woken = True
+            self._notified = False
+            return woken
+        self.raw.poll()  # raises OperationalError when the server has gone
+        return self.take_notification()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.raw.closed)
+
+    def close(self) -> None:
+        if not self.owned:
+            return
+        try:
+            self.raw.close()
+        except Exception:  # already broken: nothing left to release
+            pass
+
+
+def worker_identifier() -> str:
+    """How ``ps`` names this worker process: host:pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def close_quietly(conn: Conn | None) -> None:
+    if conn is not None:
+        conn.close()
