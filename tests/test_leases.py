@@ -1,0 +1,152 @@
+"""Leases and heartbeats: a job on a live worker is never taken from it, whatever other
+transactions hold, and a checkout in the caller's transaction locks only what it hands out."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+import postjob_sa
+from postjob_sa import JobQueue, Registry
+
+reg = Registry()
+RUNS_URL: list[str] = []
+
+
+def _record(what: str) -> None:
+    import psycopg2
+
+    conn = psycopg2.connect(RUNS_URL[0])
+    conn.autocommit = True
+    with conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO lease_runs (job_id, what) VALUES (%s, %s)",
+                    (postjob_sa.current_job().id, what))
+    conn.close()
+
+
+@postjob_sa.workflow(name="lease.slow", registry=reg)
+def slow(seconds: float) -> str:
+    _record("start")
+    time.sleep(seconds)
+    return "done"
+
+
+@pytest.fixture
+def runs(engine: Engine, clean: None) -> Iterator[Engine]:
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE IF NOT EXISTS lease_runs (job_id bigint, what text)"))
+        conn.execute(text("TRUNCATE lease_runs"))
+    RUNS_URL[:] = [engine.url.set(drivername="postgresql").render_as_string(hide_password=False)]
+    yield engine
+
+
+def _starts(engine: Engine) -> dict[int, int]:
+    with engine.connect() as conn:
+        return {int(r[0]): int(r[1]) for r in conn.execute(text(
+            "SELECT job_id, count(*) FROM lease_runs WHERE what = 'start' GROUP BY job_id"))}
+
+
+class Rescuer:
+    """A second worker that drains over and over: it runs whatever the first one loses."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        with Session(self.engine) as s:
+            q = JobQueue(s, fast_mode=True, registry=reg, lease=1.0)
+            while not self.stop.is_set():
+                q.drain()
+                time.sleep(0.1)
+
+    def __enter__(self) -> Rescuer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def _work(engine: Engine, count: int, batch: int) -> threading.Thread:
+    def run() -> None:
+        with Session(engine) as s:
+            JobQueue(s, fast_mode=True, registry=reg, lease=1.0, batch_size=batch).work(count=count)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_the_heartbeat_keeps_a_job_longer_than_its_lease(runs: Engine) -> None:
+    """Without the heartbeat the job's lease (1 s) ends while it runs (3 s): the rescuer takes
+    it and it runs twice."""
+    with Session(runs) as s:
+        job_id = JobQueue(s, registry=reg).enqueue(slow, 3.0).id
+        s.commit()
+    worker = _work(runs, 1, 1)
+    with Rescuer(runs):
+        worker.join(30)
+    assert _starts(runs) == {job_id: 1}
+    with runs.connect() as conn:
+        assert conn.execute(text("SELECT status::text FROM postjob.postjobs WHERE id = :i"),
+                            {"i": job_id}).scalar() == "ok"
+
+
+def test_a_row_locked_by_the_app_stalls_neither_the_heartbeat_nor_the_batch(runs: Engine) -> None:
+    """Two jobs of 2 s in one batch, a lease of 1 s, and an application transaction that holds
+    the first job's row locked for the whole time: each job still runs exactly once."""
+    with Session(runs) as s:
+        q = JobQueue(s, registry=reg)
+        first = q.enqueue(slow, 2.0).id
+        second = q.enqueue(slow, 2.0).id
+        s.commit()
+    worker = _work(runs, 2, 2)
+    with Rescuer(runs):
+        deadline = time.monotonic() + 10
+        while first not in _starts(runs) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with runs.connect() as app:
+            app.begin()
+            app.execute(text("SELECT 1 FROM postjob.postjobs WHERE id = :i FOR UPDATE"), {"i": first})
+            time.sleep(3.5)  # the first job ends meanwhile; the second runs on
+            app.rollback()
+        worker.join(30)
+    assert _starts(runs) == {first: 1, second: 1}
+    with runs.connect() as conn:
+        statuses = dict(conn.execute(text("SELECT id, status::text FROM postjob.postjobs")).all())
+    assert statuses == {first: "ok", second: "ok"}
+
+
+def test_checkout_in_the_callers_transaction_locks_only_what_it_hands_out(
+    engine: Engine, clean: None
+) -> None:
+    with Session(engine) as s:
+        q = JobQueue(s, fast_mode=True, registry=reg, lease=0.1)
+        abandoned = q.enqueue(slow, 0).id
+        s.commit()
+        q.checkout(limit=1)  # checked out, then abandoned: its lease ends in 0.1 s
+        s.commit()
+        time.sleep(0.3)
+        waiting = q.enqueue(slow, 0).id
+        s.commit()
+        (taken,) = q.checkout(limit=1)  # the caller's transaction stays open
+        assert taken.id == waiting
+        with engine.connect() as other:  # the expired job was neither reaped nor locked
+            other.execute(text("SET lock_timeout = '100ms'"))
+            row = other.execute(text(
+                "SELECT status::text FROM postjob.postjobs WHERE id = :i FOR UPDATE NOWAIT"
+            ), {"i": abandoned}).scalar()
+            assert row == "processing"
+            other.rollback()
+        s.rollback()
+    with Session(engine) as s:
+        assert JobQueue(s, registry=reg).reap() == 1  # reaping is reap()'s and the workers' job
+        s.commit()

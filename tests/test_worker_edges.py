@@ -1,0 +1,268 @@
+"""The worker at its edges: a locked due job, a slow job beside a quick one in a batch, an
+interrupted job, the engine's own connection settings, and errors the database raises."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+import postjob_sa
+from postjob_sa import JobQueue, Registry
+
+reg = Registry()
+
+
+@postjob_sa.workflow(name="edge.echo", registry=reg)
+def echo(value: Any) -> Any:
+    return value
+
+
+@postjob_sa.workflow(name="edge.nap", registry=reg)
+def nap(seconds: float) -> str:
+    time.sleep(seconds)
+    return "rested"
+
+
+@postjob_sa.workflow(name="edge.exit", registry=reg)
+def exits(kind: str) -> None:
+    if kind == "exit":
+        raise SystemExit(3)
+    if kind == "keyboard":
+        raise KeyboardInterrupt
+    raise asyncio.CancelledError
+
+
+def _statuses(engine: Engine) -> dict[int, tuple[str, int]]:
+    with engine.connect() as conn:
+        return {int(r[0]): (str(r[1]), int(r[2])) for r in conn.execute(text(
+            "SELECT id, status::text, failed_attempts FROM postjob.postjobs ORDER BY id"))}
+
+
+def _transactions(engine: Engine) -> int:
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+        return int(conn.execute(text(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+            "WHERE datname = current_database()")).scalar_one())
+
+
+def test_an_idle_worker_does_not_spin_on_a_due_job_another_transaction_holds(
+    engine: Engine, clean: None
+) -> None:
+    with Session(engine) as s:
+        job_id = JobQueue(s, registry=reg).enqueue(echo, 1).id
+        s.commit()
+    with engine.connect() as holder:
+        holder.begin()
+        holder.execute(text("SELECT 1 FROM postjob.postjobs WHERE id = :i FOR UPDATE"), {"i": job_id})
+        done: list[int] = []
+        stopper = threading.Event()
+
+        def work() -> None:
+            with Session(engine) as s:
+                q = JobQueue(s, registry=reg)
+                while not stopper.is_set():
+                    done.append(q.work(count=1))
+
+        time.sleep(1.2)  # statistics: let earlier activity be counted before we start
+        before = _transactions(engine)
+        started = time.monotonic()
+        worker = threading.Thread(target=work)
+        worker.start()
+        time.sleep(3)
+        holder.rollback()  # the job is free now: the worker takes it within its bounded wait
+        stopper.set()
+        worker.join(10)
+        elapsed = time.monotonic() - started
+    assert done == [1]
+    time.sleep(1.2)  # the worker's connections have closed: their statistics are in
+    spent = _transactions(engine) - before
+    print(f"idle worker beside a locked due job: {spent} transactions in {elapsed:.1f} s")
+    assert spent < 40, spent  # a few per second, not thousands
+
+
+def test_a_quick_jobs_outcome_does_not_wait_for_a_slow_one_in_the_same_batch(
+    engine: Engine, clean: None
+) -> None:
+    with Session(engine) as s:
+        q = JobQueue(s, registry=reg)
+        quick = q.enqueue(echo, "quick").id
+        slow = q.enqueue(nap, 3.0).id
+        s.commit()
+
+    def drain() -> None:
+        with Session(engine) as s:
+            JobQueue(s, registry=reg, batch_size=2).drain()
+
+    worker = threading.Thread(target=drain)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 1.5
+        while _statuses(engine)[quick][0] != "ok" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _statuses(engine) == {quick: ("ok", 0), slow: ("processing", 0)}
+    finally:
+        worker.join(10)
+    assert _statuses(engine) == {quick: ("ok", 0), slow: ("ok", 0)}
+
+
+@pytest.mark.parametrize(("kind", "error", "running_job"), [
+    ("exit", SystemExit, ("err", 1)),  # the job's own doing: an attempt
+    ("keyboard", KeyboardInterrupt, ("ready", 0)),  # interrupted from outside: handed back
+    ("cancel", asyncio.CancelledError, ("ready", 0)),
+])
+def test_an_interrupted_job_is_recorded_and_the_rest_of_its_batch_handed_back(
+    engine: Engine, clean: None, kind: str, error: type[BaseException], running_job: tuple[str, int]
+) -> None:
+    with Session(engine) as s:
+        q = JobQueue(s, fast_mode=True, registry=reg, batch_size=3)
+        first = q.enqueue(echo, 1).id
+        interrupted = q.enqueue(exits, kind).id
+        unstarted = q.enqueue(echo, 3).id
+        s.commit()
+        with pytest.raises(error):
+            q.drain()
+    statuses = _statuses(engine)
+    assert statuses[first] == ("ok", 0)
+    assert statuses[interrupted] == running_job
+    assert statuses[unstarted] == ("ready", 0)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM postjob.workers")).scalar() == 0
+
+
+@pytest.fixture
+def configured(db_url: URL) -> Iterator[tuple[Engine, list[str]]]:
+    """An engine whose connections are made by its own creator and set up by a connect event."""
+    import psycopg2
+
+    made: list[str] = []
+    libpq = db_url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    def creator() -> Any:
+        made.append("creator")
+        return psycopg2.connect(libpq)
+
+    eng = create_engine("postgresql+psycopg2://", creator=creator)
+
+    @event.listens_for(eng, "connect")
+    def on_connect(dbapi_connection: Any, record: Any) -> None:
+        with dbapi_connection.cursor() as cur:
+            cur.execute("SET statement_timeout = '12345ms'")
+        dbapi_connection.commit()
+
+    yield eng, made
+    eng.dispose()
+
+
+def test_worker_connections_come_from_the_engine(configured: tuple[Engine, list[str]], clean: None) -> None:
+    eng, made = configured
+    r = Registry()
+    seen: list[str] = []
+
+    @postjob_sa.workflow(name="edge.setting", transactional=True, registry=r)
+    def setting(session: Session) -> None:
+        seen.append(session.execute(text("SHOW statement_timeout")).scalar_one())
+
+    @postjob_sa.workflow(name="edge.long", registry=r)
+    def long() -> None:
+        time.sleep(0.5)  # long enough for the heartbeat (lease 0.6 s) to need its connection
+
+    with Session(eng) as s:
+        q = JobQueue(s, registry=r, lease=0.6)
+        q.enqueue(setting)
+        q.enqueue(long)
+        s.commit()
+        before = len(made)
+        assert q.drain() == 2
+    assert seen == ["12345ms"]
+    assert len(made) - before >= 2  # the worker's own connection and the heartbeat's
+
+
+def test_a_value_the_database_refuses_fails_that_job_and_no_other(
+    engine: Engine, clean: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    with engine.begin() as conn:  # a rule of the host's: the database refuses this result
+        conn.execute(text(
+            "ALTER TABLE postjob.postjobs ADD CONSTRAINT no_poison "
+            "CHECK (results IS NULL OR results <> '[\"poison\"]'::jsonb) NOT VALID"))
+    try:
+        with Session(engine) as s:
+            q = JobQueue(s, fast_mode=True, registry=reg, batch_size=3)
+            ids = [q.enqueue(echo, v).id for v in ("a", "poison", "b")]
+            s.commit()
+            with caplog.at_level(logging.WARNING, logger="postjob_sa.worker"):
+                assert q.drain() == 3
+        statuses = _statuses(engine)
+        assert [statuses[i] for i in ids] == [("ok", 0), ("failed", 1), ("ok", 0)]
+        with engine.connect() as conn:
+            error, message = conn.execute(text(
+                "SELECT error, error_message FROM postjob.postjobs WHERE id = :i"),
+                {"i": ids[1]}).one()
+        assert error == "OutcomeRefused" and "no_poison" in message
+        assert "the database refused its outcome" in caplog.text
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE postjob.postjobs DROP CONSTRAINT no_poison"))
+
+
+DEADLOCK_TRIGGER = """
+CREATE OR REPLACE FUNCTION edge_deadlock() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  -- a sequence counts the deadlocks raised (nextval survives the rollback they cause)
+  IF NEW.results = '["deadlock"]'::jsonb THEN
+    IF nextval('edge_deadlocks') <= (SELECT n FROM edge_deadlock_count) THEN
+      RAISE EXCEPTION 'deadlock detected (a test)' USING ERRCODE = 'deadlock_detected';
+    END IF;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER edge_deadlock BEFORE UPDATE ON postjob.postjobs
+  FOR EACH ROW EXECUTE FUNCTION edge_deadlock();
+"""
+
+
+@pytest.mark.parametrize(("deadlocks", "expected"), [(2, ("ok", 0)), (1000, ("failed", 1))])
+def test_deadlocks_are_tried_again_a_bounded_number_of_times(
+    engine: Engine, clean: None, caplog: pytest.LogCaptureFixture,
+    deadlocks: int, expected: tuple[str, int],
+) -> None:
+    with engine.begin() as conn:
+        conn.execute(text("CREATE SEQUENCE edge_deadlocks"))
+        conn.execute(text("CREATE TABLE edge_deadlock_count (n int)"))
+        conn.execute(text("INSERT INTO edge_deadlock_count VALUES (:n)"), {"n": deadlocks})
+        conn.execute(text(DEADLOCK_TRIGGER))
+    try:
+        with Session(engine) as s:
+            q = JobQueue(s, fast_mode=True, registry=reg, batch_size=2)
+            ids = [q.enqueue(echo, v).id for v in ("deadlock", "fine")]
+            s.commit()
+        done: list[int] = []
+
+        def drain() -> None:
+            with Session(engine) as s:
+                done.append(JobQueue(s, fast_mode=True, registry=reg, batch_size=2).drain())
+
+        with caplog.at_level(logging.WARNING, logger="postjob_sa.worker"):
+            worker = threading.Thread(target=drain)
+            worker.start()
+            worker.join(30)
+        assert not worker.is_alive(), "the worker retries a deadlock for ever"
+        statuses = _statuses(engine)
+        assert [statuses[i] for i in ids] == [expected, ("ok", 0)]
+        assert "trying again" in caplog.text
+        assert "database unreachable" not in caplog.text  # a deadlock is not a lost connection
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER edge_deadlock ON postjob.postjobs"))
+            conn.execute(text("DROP FUNCTION edge_deadlock()"))
+            conn.execute(text("DROP TABLE edge_deadlock_count"))
+            conn.execute(text("DROP SEQUENCE edge_deadlocks"))
