@@ -134,6 +134,14 @@ def _own_history(conn: Connection, action: str) -> None:
         ctx.stamp(ScriptDirectory.from_config(_config(conn)), "base")
 
 
+def _hand_over(conn: Connection, bind: Bind) -> None:
+    """End the transaction our checks began on a connection of ours, so that Alembic owns the
+    transactions of the upgrade: a revision's autocommit block (CREATE INDEX CONCURRENTLY)
+    needs that. A caller's connection is the caller's to commit."""
+    if conn is not bind and conn.in_transaction():
+        conn.commit()
+
+
 def migrate(bind: Bind, revision: str = "heads") -> None:
     """Bring the ``postjob`` schema to the newest revision; idempotent.
 
@@ -143,6 +151,7 @@ def migrate(bind: Bind, revision: str = "heads") -> None:
     """
     with _connection(bind) as conn:
         _own_history(conn, "run your `alembic upgrade head` (`heads` on the branch way) instead")
+        _hand_over(conn, bind)
         _alembic_upgrade(_config(conn), revision)
 
 
@@ -153,6 +162,7 @@ def downgrade(bind: Bind, revision: str = "base") -> None:
     """
     with _connection(bind) as conn:
         _own_history(conn, "downgrade it with your `alembic downgrade`")
+        _hand_over(conn, bind)
         _alembic_downgrade(_config(conn), revision)
 
 

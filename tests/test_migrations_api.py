@@ -4,8 +4,10 @@ the schemas it installed."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -157,3 +159,45 @@ def test_migrate_reinstalls_a_schema_dropped_behind_its_back(empty: Engine) -> N
         conn.execute(text("DROP SCHEMA postjob CASCADE"))
     postjob_sa.migrate(empty)  # its version table still said pj0001
     assert _installed(empty) == "pj0001"
+
+
+THROWAWAY = '''
+from alembic import op
+
+revision = "pj9001"
+down_revision = "{previous}"
+
+
+def _version(rev):
+    op.execute("CREATE OR REPLACE FUNCTION postjob.schema_version() RETURNS text "
+               f"LANGUAGE sql IMMUTABLE AS $$ SELECT '{{rev}}'::text $$")
+
+
+def upgrade():
+    _version("pj9001")
+    with op.get_context().autocommit_block():
+        op.execute("CREATE INDEX CONCURRENTLY postjobs_throwaway_idx ON postjob.postjobs (queue)")
+
+
+def downgrade():
+    with op.get_context().autocommit_block():
+        op.execute("DROP INDEX CONCURRENTLY postjob.postjobs_throwaway_idx")
+    _version("{previous}")
+'''
+
+
+def test_migrate_runs_a_revision_with_an_autocommit_block(
+    empty: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Standalone too, a later revision may build an index CONCURRENTLY: Alembic must own the
+    transactions, not find one that our own checks left open."""
+    for script in _migrations.scripts():
+        shutil.copy(script.path, tmp_path)
+    previous = _migrations.head_revision()
+    (tmp_path / "pj9001_throwaway.py").write_text(THROWAWAY.format(previous=previous))
+    monkeypatch.setattr(_migrations, "VERSIONS_DIR", tmp_path)
+    postjob_sa.migrate(empty, previous)
+    postjob_sa.migrate(empty)
+    assert _installed(empty) == "pj9001"
+    postjob_sa.downgrade(empty, previous)
+    assert _installed(empty) == previous
