@@ -58,8 +58,7 @@ def upgrade(to: str) -> None:
         )
     for script in scripts()[start + 1 : target + 1]:
         script.module.upgrade()
-    if not ctx.as_sql:
-        op.execute(DROP_VERSION_TABLE_SQL)
+    op.execute(DROP_VERSION_TABLE_SQL)  # a schema `postjob db migrate` installed is now yours
     _OFFLINE[ctx] = to
 
 
