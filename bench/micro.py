@@ -55,7 +55,6 @@ def main() -> int:
     conn = psycopg2.connect(url)
     conn.autocommit = True
     cur = conn.cursor()
-    cur.execute(_sql.WORKER_PREPARE_DBAPI)
 
     def fill(ready: int) -> None:
         cur.execute("TRUNCATE postjob.postjobs, postjob.tokens RESTART IDENTITY CASCADE")
@@ -67,12 +66,11 @@ def main() -> int:
         cur.execute("VACUUM ANALYZE postjob.postjobs")
 
     def checkout(limit: int) -> list[tuple[object, ...]]:
-        cur.execute(
-            _sql.WORKER_CHECKOUT_DBAPI,
-            {"workflows": ["noop"], "workflow_versions": [""], "queues": None,
-             "limit": limit, "lease": 60.0, "fast": False, "reap": False},
-        )
-        return list(cur.fetchall())
+        params = finish_params([], False)
+        params.update(worker_id=None, identifier="bench", workflows=["noop"],
+                      workflow_versions=[""], queues=None, limit=limit, lease=60.0, reap=False)
+        cur.execute(_sql.WORKER_CYCLE, params)
+        return [r for r in cur.fetchall() if r[0] == "job"]
 
     results: dict[str, float] = {}
     fill(5000)
@@ -87,11 +85,11 @@ def main() -> int:
     def finish() -> None:
         rows = next(it)
         params = finish_params(
-            [Outcome(r[0], r[1], "ok", result="[null]") for r in rows], False  # type: ignore[arg-type]
+            [Outcome(r[1], r[3], "ok", result="[null]") for r in rows], False  # type: ignore[arg-type]
         )
-        params.update(workflows=["noop"], workflow_versions=[""], queues=None, limit=0, lease=60.0,
-                      reap=False)
-        cur.execute(_sql.WORKER_CYCLE_DBAPI, params)  # finish only (limit 0)
+        params.update(worker_id=None, identifier="bench", workflows=["noop"],
+                      workflow_versions=[""], queues=None, limit=0, lease=60.0, reap=False)
+        cur.execute(_sql.WORKER_CYCLE, params)  # finish only (limit 0)
 
     results["finish of 100 outcomes (us)"] = _median_us(finish, 200)
 

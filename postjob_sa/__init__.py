@@ -1,12 +1,14 @@
 """postjob_sa: a PostgreSQL job queue and restartable workflow engine for SQLAlchemy.
 
-Jobs live in the ``postjob`` schema (Alembic branch ``postjob``); ``JobQueue(session)``
+Jobs live in the ``postjob`` schema, installed by a revision of your own Alembic history
+(:mod:`postjob_sa.migrations`) or as the Alembic branch ``postjob``; ``JobQueue(session)``
 enqueues and checks out inside the application's own transaction; workflows spawn child
 jobs and wait for them, re-running from the top when a child finishes.
 """
 
 from __future__ import annotations
 
+from postjob_sa import migrations
 from postjob_sa._migrations import VERSION_LOCATION, downgrade, include_object, migrate
 from postjob_sa.context import (
     ChildHandle,
@@ -58,6 +60,7 @@ __all__ = [
     "manual",
     "metadata",
     "migrate",
+    "migrations",
     "set_workflow_status",
     "workflow",
 ]

@@ -12,7 +12,7 @@ from alembic.command import downgrade as _alembic_downgrade
 from alembic.command import upgrade as _alembic_upgrade
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
+from alembic.script import Script, ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine
 
 from postjob_sa import _sql
@@ -25,10 +25,17 @@ VERSIONS_DIR = ALEMBIC_DIR / "versions"
 VERSION_LOCATION = "postjob_sa:alembic/versions"
 #: The version table of standalone migrations (hosts keep their own alembic_version).
 VERSION_TABLE = "postjob_alembic_version"
+#: A host's history that takes the schema over drops the standalone version table.
+DROP_VERSION_TABLE_SQL = "DROP TABLE IF EXISTS postjob_alembic_version"
 BRANCH = "postjob"
 MIGRATE_HINT = (
-    "run `postjob db migrate` (or `alembic upgrade heads` in a project whose alembic.ini "
-    f"lists {VERSION_LOCATION} in version_locations)"
+    "run `postjob db migrate`, or in an app whose Alembic migrations install it, "
+    "`alembic upgrade head` (after `postjob db revision` when postjob_sa was upgraded)"
+)
+#: What :func:`migrate` says when a host's Alembic history installed the schema.
+HOST_MANAGED = (
+    "the postjob schema in this database is managed by your app's Alembic migrations "
+    f"(there is no {VERSION_TABLE} table): "
 )
 
 Bind = Engine | Connection | str
@@ -58,14 +65,27 @@ def _config(connection: Connection) -> Config:
 
 
 @functools.cache
-def head_revision() -> str:
-    """The newest revision of the ``postjob`` branch shipped with this package."""
+def _scripts() -> tuple[Script, ...]:
     cfg = Config()
     cfg.set_main_option("script_location", str(ALEMBIC_DIR))
     cfg.set_main_option("path_separator", "os")
-    head = ScriptDirectory.from_config(cfg).get_current_head()
-    assert head is not None
-    return head
+    newest_first = ScriptDirectory.from_config(cfg).walk_revisions()
+    return tuple(reversed(list(newest_first)))
+
+
+def scripts() -> tuple[Script, ...]:
+    """The package's revisions, oldest first (one line of history: branch ``postjob``)."""
+    return _scripts()
+
+
+def revisions() -> list[str]:
+    """The ids of the package's revisions, oldest first."""
+    return [s.revision for s in _scripts()]
+
+
+def head_revision() -> str:
+    """The newest revision of the ``postjob`` branch shipped with this package."""
+    return _scripts()[-1].revision
 
 
 @contextlib.contextmanager
@@ -89,38 +109,60 @@ def installed_revision(conn: Connection) -> str | None:
     return read_revision(lambda sql: conn.exec_driver_sql(sql).scalar())
 
 
-def _stamp_if_adopted(conn: Connection) -> None:
-    """A schema created by a host's `alembic upgrade heads` is adopted, not re-created."""
-    rev = installed_revision(conn)
-    if rev is None:
-        return
+def _standalone_heads(conn: Connection) -> tuple[str, ...]:
     ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-    if not ctx.get_current_heads():
-        ctx.stamp(ScriptDirectory.from_config(_config(conn)), rev)
+    return ctx.get_current_heads()
+
+
+def schema_manager(conn: Connection) -> str | None:
+    """Who keeps the installed schema's history: ``"postjob"`` (:func:`migrate`, in the
+    version table ``postjob_alembic_version``), ``"alembic"`` (a host's Alembic history,
+    either way: our branch in its version table, or a revision that calls
+    :mod:`postjob_sa.migrations`), or None when no schema is installed."""
+    if installed_revision(conn) is None:
+        return None
+    return "postjob" if _standalone_heads(conn) else "alembic"
+
+
+def _own_history(conn: Connection, action: str) -> None:
+    """Refuse a schema a host's Alembic manages (a second version table would fork its
+    history); forget a standalone history whose schema was dropped behind our back."""
+    manager = schema_manager(conn)
+    if manager == "alembic":
+        raise SchemaError(HOST_MANAGED + action)
+    if manager is None and _standalone_heads(conn):
+        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        ctx.stamp(ScriptDirectory.from_config(_config(conn)), "base")
 
 
 def _hand_over(conn: Connection, bind: Bind) -> None:
-    """End the transaction our own checks began, so that Alembic manages the transactions of
-    the migrations (and can run a step outside them); a caller's connection is left as it is."""
-    if not isinstance(bind, Connection) and conn.in_transaction():
+    """End the transaction our checks began on a connection of ours, so that Alembic owns the
+    transactions of the upgrade: a revision's autocommit block (CREATE INDEX CONCURRENTLY)
+    needs that. A caller's connection is the caller's to commit."""
+    if conn is not bind and conn.in_transaction():
         conn.commit()
 
 
 def migrate(bind: Bind, revision: str = "heads") -> None:
     """Bring the ``postjob`` schema to the newest revision; idempotent.
 
-    ``bind`` is an Engine, a Connection (the caller commits) or a database URL.
+    ``bind`` is an Engine, a Connection (the caller commits) or a database URL. Raises
+    :class:`SchemaError` on a database whose schema a host's Alembic migrations installed:
+    there, run ``alembic upgrade head``.
     """
     with _connection(bind) as conn:
-        _stamp_if_adopted(conn)
+        _own_history(conn, "run your `alembic upgrade head` (`heads` on the branch way) instead")
         _hand_over(conn, bind)
         _alembic_upgrade(_config(conn), revision)
 
 
 def downgrade(bind: Bind, revision: str = "base") -> None:
-    """Downgrade the ``postjob`` schema; ``base`` drops the schema and every job in it."""
+    """Downgrade the ``postjob`` schema; ``base`` drops the schema and every job in it.
+
+    Like :func:`migrate`, it leaves a schema that a host's Alembic manages alone.
+    """
     with _connection(bind) as conn:
-        _stamp_if_adopted(conn)
+        _own_history(conn, "downgrade it with your `alembic downgrade`")
         _hand_over(conn, bind)
         _alembic_downgrade(_config(conn), revision)
 

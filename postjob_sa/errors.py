@@ -22,7 +22,8 @@ class InvalidJobState(PostjobError):
 
 
 class SchemaError(PostjobError):
-    """The database has no postjob schema, or an older one than this code needs."""
+    """The postjob schema is missing, at a revision that does not fit, or managed by your app's
+    Alembic migrations where ``postjob db migrate`` was asked to; the message says what to run."""
 
 
 class NotInJob(PostjobError, RuntimeError):

@@ -18,11 +18,11 @@ POSTJOB = str(Path(sys.executable).parent / "postjob")
 
 
 def postjob(*args: str, url: str | None = None, env: dict[str, str] | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+            timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items()
             if k not in ("POSTJOB_DATABASE_URL", "DATABASE_URL")}
     argv = [POSTJOB, *(["--database-url", url] if url else []), *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env={**base, **(env or {}), "COLUMNS": "200"})
 
 

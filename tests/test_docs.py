@@ -4,9 +4,7 @@ How each block is treated, by its language (the word after the opening fence):
 
 - ``python``: executed, in order, as one module per page (a doctest without the prompts).
   ``DATABASE_URL`` points at this module's test database, and ``JobQueue.work`` drains instead
-  of waiting forever, so "start a worker" examples terminate. A block made only of
-  ``--8<-- "path[:section]"`` lines includes tested code from the repository: the file and
-  section must exist (mkdocs' strict build checks the same).
+  of waiting forever, so "start a worker" examples terminate.
 - ``text`` after ``<!-- docs-test: output -->``: must equal what the page's python blocks
   printed since the previous output block.
 - ``sql``: executed against the test database, then rolled back.
@@ -18,8 +16,12 @@ How each block is treated, by its language (the word after the opening fence):
 An HTML comment on the line before the fence changes the default:
 ``<!-- docs-test: compile -->`` compiles a python fragment without running it (for snippets
 that only make sense inside a larger file, such as an env.py); ``<!-- docs-test: module NAME -->``
-runs the page's python as module NAME (so a later block can ``import NAME``). Anywhere on a
-page, ``<!-- docs-test: failures-expected -->`` allows its jobs to fail; otherwise a page
+runs the page's python as module NAME (so a later block can ``import NAME``);
+``<!-- docs-test: same-as PATH[:SECTION] -->`` says the block shows a file of the repository,
+or the part of it between the lines ``# docs: begin SECTION`` and ``# docs: end SECTION``
+(dedented), and must equal it: the code is tested where it lives, and the page shows it as
+is wherever it is read (mkdocs, or GitHub, where include lines would show raw). Anywhere on
+a page, ``<!-- docs-test: failures-expected -->`` allows its jobs to fail; otherwise a page
 whose examples leave a job failed, erred or timed out fails.
 """
 
@@ -52,7 +54,7 @@ PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 
 _MARKER = re.compile(r"<!--\s*docs-test:\s*(.*?)\s*-->")
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*?)\s*$")
-_SNIPPET = re.compile(r'^--8<--\s+"(?P<path>[^":]+)(?::(?P<section>[\w-]+))?"\s*$')
+_INCLUDE = re.compile(r'^\s*--8<--\s+"')
 # make targets that a sibling branch brings, and the file that defines them
 _ARRIVING_TARGETS = {"bench": "bench/Makefile.inc", "bench-quick": "bench/Makefile.inc"}
 
@@ -104,28 +106,30 @@ def _page_id(page: Path) -> str:
 # -- python, output, sql, ini, mermaid: run page by page ------------------------------------
 
 
-def _snippet_paths(block: Block) -> list[tuple[Path, str | None]] | None:
-    lines = [ln.strip() for ln in block.code.splitlines() if ln.strip()]
-    matches = [_SNIPPET.match(ln) for ln in lines]
-    if not lines or not all(matches):
-        return None
-    return [(ROOT / m["path"], m["section"]) for m in matches if m]
-
-
-def _check_snippet(block: Block, path: Path, section: str | None) -> None:
-    assert path.is_file(), f"{block.where}: includes {path}, which does not exist"
+def section(path: Path, name: str | None) -> str:
+    """The file, or its part between ``# docs: begin NAME`` and ``# docs: end NAME``."""
     source = path.read_text()
-    if section is None:
-        if path.suffix == ".py":
-            compile(source, str(path), "exec")
-        return
-    start, end = f"--8<-- [start:{section}]", f"--8<-- [end:{section}]"
-    assert start in source and end in source, f"{block.where}: {path} has no section {section}"
-    # the section is imported and run by the tests of the file it lives in; here it must at
-    # least be code on its own (dedented, since sections may sit inside a function)
-    body = source.split(start, 1)[1].split(end, 1)[0].split("\n", 1)[1].rsplit("\n", 1)[0]
-    if path.suffix == ".py":
-        compile(textwrap.dedent(body), f"{path}:{section}", "exec")
+    if name is None:
+        return source
+    lines = source.splitlines(keepends=True)
+    marks = [i for i, ln in enumerate(lines) if ln.strip() in (f"# docs: begin {name}", f"# docs: end {name}")]
+    assert len(marks) == 2, f"{path} has no section {name} (# docs: begin/end {name})"
+    return textwrap.dedent("".join(lines[marks[0] + 1 : marks[1]]))
+
+
+def check_same_as(block: Block) -> bool:
+    """Compare a block marked ``same-as PATH[:SECTION]`` with what it shows; False if unmarked."""
+    target = next((m.split(None, 1)[1] for m in block.markers if m.startswith("same-as ")), None)
+    if target is None:
+        return False
+    name, _, part = target.partition(":")
+    path = ROOT / name
+    assert path.is_file(), f"{block.where}: shows {name}, which does not exist"
+    expected = section(path, part or None)
+    assert block.code.rstrip("\n") == expected.rstrip("\n"), (
+        f"{block.where}: differs from {target}; paste it again:\n{expected}"
+    )
+    return True
 
 
 class PageRun:
@@ -148,16 +152,11 @@ class PageRun:
             sys.modules[name] = self.module
         return self.module
 
-    def python(self, block: Block) -> None:
-        snippets = _snippet_paths(block)
-        if snippets is not None:
-            for path, section in snippets:
-                _check_snippet(block, path, section)
-            return
+    def python(self, block: Block, shown: bool) -> None:
         # pad so tracebacks point at the page's own line numbers
         code = compile("\n" * (block.line - 1) + block.code, str(self.page), "exec")
-        if "compile" in block.markers:
-            return
+        if shown or "compile" in block.markers:
+            return  # tested where it lives, or a fragment
         module = self.module_for(block)
         with contextlib.redirect_stdout(self.stdout):
             exec(code, module.__dict__)
@@ -184,8 +183,13 @@ class PageRun:
             assert postjob_sa.VERSION_LOCATION in locations
 
     def run(self, block: Block) -> None:
+        assert not any(_INCLUDE.match(ln) for ln in block.code.splitlines()), (
+            f"{block.where}: an include line shows raw where people read the docs; paste the "
+            "code and mark it <!-- docs-test: same-as PATH[:SECTION] -->"
+        )
+        shown = check_same_as(block)
         if block.lang in ("python", "py"):
-            self.python(block)
+            self.python(block, shown)
         elif block.lang == "text" and "output" in block.markers:
             self.output(block)
         elif block.lang == "sql":
@@ -337,9 +341,11 @@ def test_shell_commands_exist(block: Block, words: list[str]) -> None:
 
 def test_api_reference_lists_every_public_name() -> None:
     page = (ROOT / "docs" / "api.md").read_text()
-    main, _, helpers = page.partition("## Testing helpers")
+    main, _, rest = page.partition("## Our schema steps in your Alembic history")
+    steps, _, helpers = rest.partition("## Testing helpers")
     listed = re.findall(r"^\s+- (\w+)$", main, re.M)
-    assert sorted(listed) == sorted(postjob_sa.__all__)
+    assert sorted(listed) == sorted(n for n in postjob_sa.__all__ if n != "migrations")
+    assert sorted(re.findall(r"^\s+- (\w+)$", steps, re.M)) == sorted(postjob_sa.migrations.__all__)
     from postjob_sa import testing
 
     public = [n for n in ("run_jobs", "enqueued") if callable(getattr(testing, n, None))]
@@ -351,3 +357,23 @@ def test_every_page_is_in_the_nav() -> None:
     for page in (ROOT / "docs").glob("*.md"):
         assert f": {page.name}" in nav, f"{page.name} is missing from mkdocs.yml's nav"
 
+
+
+def test_a_shown_copy_that_drifted_fails(tmp_path: Path) -> None:
+    page = ROOT / "docs" / "integrating.md"
+    shown = section(ROOT / "examples/flask_app/models.py", "signup")
+
+    def block(code: str, target: str) -> Block:
+        return Block(page, 1, "python", code, [f"same-as {target}"])
+
+    assert check_same_as(block(shown, "examples/flask_app/models.py:signup"))
+    with pytest.raises(AssertionError, match="differs from"):
+        check_same_as(block(shown.replace("320", "255"), "examples/flask_app/models.py:signup"))
+    with pytest.raises(AssertionError, match="has no section nosuch"):
+        check_same_as(block(shown, "examples/flask_app/models.py:nosuch"))
+    with pytest.raises(AssertionError, match="does not exist"):
+        check_same_as(block(shown, "examples/nosuch.py"))
+    assert not check_same_as(Block(page, 1, "python", shown, []))
+    include = Block(page, 1, "python", '--8<-- "examples/flask_app/models.py:signup"\n', [])
+    with pytest.raises(AssertionError, match="include line shows raw"):
+        PageRun(page, None).run(include)  # type: ignore[arg-type]

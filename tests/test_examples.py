@@ -1,5 +1,6 @@
-"""The example apps end to end, the way their READMEs say to run them: `alembic upgrade heads`
-with the app's alembic.ini, a POST through the framework's test client, then the worker."""
+"""The example apps end to end, the way docs/integrating.md says to run them: the app's own
+`alembic upgrade head` (FastAPI: the single-head way) or `alembic upgrade heads` (Flask: the
+branch way), a POST through the framework's test client, then the worker."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import URL, Engine, create_engine, func, select, text
+from sqlalchemy import URL, Engine, create_engine, func, inspect, select, text
 from sqlalchemy.orm import Session
 
 import postjob_sa
-from postjob_sa import Job, Status
+from postjob_sa import Job, SchemaError, Status
 from postjob_sa._migrations import installed_revision
 from tests.conftest import drop_database, url_string
 
@@ -32,7 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass
 class Example:
     name: str
-    revision: str
+    revision: str  # the app's head
+    upgrade: str  # what its deploy runs: `alembic upgrade head` or `heads`
     post: Callable[[Any, dict[str, Any]], tuple[int, Any]]
 
     def module(self, part: str) -> ModuleType:
@@ -57,8 +59,8 @@ def _fastapi_post(app: Any, body: dict[str, Any]) -> tuple[int, Any]:
 
 
 EXAMPLES = [
-    Example("flask_app", "flask0001", _flask_post),
-    Example("fastapi_app", "fastapi0001", _fastapi_post),
+    Example("flask_app", "flask0001", "heads", _flask_post),
+    Example("fastapi_app", "fastapi0002", "head", _fastapi_post),
 ]
 
 
@@ -83,7 +85,7 @@ def app_db(server_url: URL, example: Example, monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.fixture
 def app_engine(app_db: URL, example: Example) -> Iterator[Engine]:
-    command.upgrade(Config(str(example.alembic_ini)), "heads")
+    command.upgrade(Config(str(example.alembic_ini)), example.upgrade)
     engine = create_engine(app_db)
     yield engine
     engine.dispose()
@@ -94,11 +96,10 @@ def _jobs(engine: Engine) -> list[Job]:
         return list(s.scalars(select(Job).order_by(Job.id)))
 
 
-def test_upgrade_heads_applies_our_branch_and_the_app_revision(
-    app_engine: Engine, example: Example
-) -> None:
+def test_upgrade_applies_our_schema_and_the_app_revision(app_engine: Engine, example: Example) -> None:
     with app_engine.connect() as conn:
-        # the app's revision depends on our branch, so it is the one head that remains
+        # one head in the version table: the app's (on the branch way, its revision depends
+        # on our branch, which is then behind it)
         assert MigrationContext.configure(conn).get_current_heads() == (example.revision,)
         assert installed_revision(conn) == postjob_sa._migrations.head_revision()
         models = example.module("models")
@@ -158,16 +159,24 @@ def test_worker_runs_as_a_module(app_engine: Engine, example: Example) -> None:
 
 
 def test_adopting_alembic_after_migrate(app_db: URL, example: Example) -> None:
-    """docs/integrating.md: an app that used postjob_sa.migrate() stamps our branch once,
-    then its own `alembic upgrade heads` works."""
+    """docs/integrating.md, "Apps without Alembic": an app that used postjob_sa.migrate()
+    adopts its own Alembic history. The single-head way needs no extra step (the app's
+    revision finds the schema installed and takes it over); the branch way stamps our branch
+    and drops our version table once."""
     postjob_sa.migrate(url_string(app_db))
     cfg = Config(str(example.alembic_ini))
-    command.stamp(cfg, "postjob@head")
-    command.upgrade(cfg, "heads")
     engine = create_engine(app_db)
     try:
+        if example.upgrade == "heads":
+            command.stamp(cfg, "postjob@head")
+            with engine.begin() as conn:
+                conn.execute(text("DROP TABLE postjob_alembic_version"))
+        command.upgrade(cfg, example.upgrade)
         with engine.connect() as conn:
             assert MigrationContext.configure(conn).get_current_heads() == (example.revision,)
             assert conn.execute(text("SELECT count(*) FROM signups")).scalar() == 0
+            assert not inspect(conn).has_table("postjob_alembic_version")
+        with pytest.raises(SchemaError, match="managed by your app's Alembic"):
+            postjob_sa.migrate(engine)
     finally:
         engine.dispose()

@@ -39,7 +39,9 @@ def host_engine(server_url: URL) -> Iterator[Engine]:
 def _run(engine: Engine, fn: object, *args: str, mode: str = "mine") -> None:
     cfg = Config(str(HOST / "alembic.ini"))
     cfg.attributes["metadata_mode"] = mode
-    with engine.begin() as conn:
+    # not engine.begin(): Alembic must own the transactions, or a revision's autocommit block
+    # (CREATE INDEX CONCURRENTLY) fails
+    with engine.connect() as conn:
         cfg.attributes["connection"] = conn
         fn(cfg, *args)  # type: ignore[operator]
 

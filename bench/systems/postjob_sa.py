@@ -197,23 +197,23 @@ class _RawProducer:
 
 class _Probe:
     def __init__(self, url: str) -> None:
-        import postjob_sa
         from postjob_sa import _sql
-        from postjob_sa._connections import connect
+        from postjob_sa._db import Conn
+        from postjob_sa._executor import finish_params
 
         self._s = _session(url)
-        self._conn = connect(self._s.get_bind())
+        self._conn = Conn.open(self._s.get_bind()).raw
         self._cur = self._conn.cursor()
-        self._cur.execute(_sql.WORKER_PREPARE_DBAPI)
-        self._stmt = _sql.WORKER_CYCLE_DBAPI
-        self._params = postjob_sa._executor.finish_params([], False)
+        self._stmt = _sql.WORKER_CYCLE
+        self._params = finish_params([], False)
         self._params.update(
-            workflows=[NOOP], workflow_versions=[""], queues=None, limit=1, lease=60.0,
+            worker_id=None, identifier="bench", workflows=[NOOP], workflow_versions=[""],
+            queues=None, limit=1, lease=60.0,
             reap=True,  # conservative: the API default (a worker reaps at most once a second)
         )
         self.table_bytes = int(pg.value(url, "SELECT pg_total_relation_size('postjob.postjobs')"))
         self.index_bytes = int(
-            pg.value(url, "SELECT pg_relation_size('postjob.postjobs_runnable_idx')")
+            pg.value(url, "SELECT pg_relation_size('postjob.postjobs_runnable_by_workflow_idx')")
         )
 
     def checkout_one(self) -> bool:

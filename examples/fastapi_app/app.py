@@ -42,7 +42,7 @@ def create_app(engine: Engine | None = None) -> FastAPI:
     app = FastAPI()
     app.state.engine = engine or create_engine(database_url())
 
-    # --8<-- [start:handler]
+    # docs: begin handler
     @app.post("/signups", status_code=201)
     def create_signup(body: SignupIn, session: DbSession) -> SignupOut:
         if "@" not in body.email:
@@ -55,7 +55,7 @@ def create_app(engine: Engine | None = None) -> FastAPI:
         except IntegrityError:
             raise HTTPException(409, f"{body.email} has already signed up") from None
         return SignupOut(email=body.email, welcome_job_id=job.id)
-    # --8<-- [end:handler]
+    # docs: end handler
 
     return app
 

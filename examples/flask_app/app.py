@@ -22,7 +22,7 @@ def create_app(engine: Engine | None = None) -> Flask:
     app = Flask(__name__)
     app.extensions["engine"] = engine or create_engine(database_url())
 
-    # --8<-- [start:handler]
+    # docs: begin handler
     @app.post("/signups")
     def create_signup() -> tuple[dict[str, Any], int]:
         email = (request.get_json(silent=True) or {}).get("email")
@@ -39,6 +39,6 @@ def create_app(engine: Engine | None = None) -> Flask:
             except IntegrityError:
                 return {"error": f"{email} has already signed up"}, 409
             return {"email": email, "welcome_job_id": job.id}, 201
-    # --8<-- [end:handler]
+    # docs: end handler
 
     return app

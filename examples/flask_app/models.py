@@ -14,7 +14,7 @@ class Base(DeclarativeBase):
     pass
 
 
-# --8<-- [start:signup]
+# docs: begin signup
 class Signup(Base):
     __tablename__ = "signups"
 
@@ -28,4 +28,4 @@ class Signup(Base):
     welcome_job_id: Mapped[int | None] = mapped_column(
         BigInteger, ForeignKey(postjob_sa.Job.id, ondelete="SET NULL")
     )
-# --8<-- [end:signup]
+# docs: end signup

@@ -18,7 +18,7 @@ from examples.flask_app.config import database_url
 from postjob_sa import JobQueue
 
 
-# --8<-- [start:main]
+# docs: begin main
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the app's postjob_sa jobs.")
     parser.add_argument("--drain", action="store_true", help="exit when no job is due")
@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine.dispose()
     logging.info("ran %d jobs", ran)
     return ran
-# --8<-- [end:main]
+# docs: end main
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from examples.flask_app.models import Signup
 log = logging.getLogger(__name__)
 
 
-# --8<-- [start:workflow]
+# docs: begin workflow
 @postjob_sa.workflow(transactional=True, max_attempts=3)
 def send_welcome(session: Session, email: str) -> str:
     """Welcome a new signup. Transactional: the worker passes its Session, and what we write
@@ -23,4 +23,4 @@ def send_welcome(session: Session, email: str) -> str:
         log.info("welcome, %s", email)  # a real app calls its mailer here
         signup.welcomed_at = func.now()
     return email
-# --8<-- [end:workflow]
+# docs: end workflow

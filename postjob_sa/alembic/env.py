@@ -1,7 +1,8 @@
 """Alembic environment used by :func:`postjob_sa.migrate` and ``postjob db``.
 
-Host projects do not use this file: they add ``postjob_sa:alembic/versions`` to their own
-``version_locations`` and run ``alembic upgrade heads`` with their own env.py.
+Host projects do not use this file: a revision of their own history calls
+:mod:`postjob_sa.migrations`, or they add ``postjob_sa:alembic/versions`` to their
+``version_locations``; either way their own env.py runs our revisions.
 """
 
 from __future__ import annotations

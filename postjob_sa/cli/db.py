@@ -3,13 +3,18 @@ a worker and an enqueuing application need."""
 
 from __future__ import annotations
 
+import os
+from argparse import Namespace
+from pathlib import Path
 from typing import Any
 
 import click
+from alembic.config import Config
 from psycopg2 import sql as pgsql
 
+from postjob_sa._host_history import write_revision
 from postjob_sa._migrations import downgrade as downgrade_schema
-from postjob_sa._migrations import head_revision, installed_revision, migrate
+from postjob_sa._migrations import head_revision, installed_revision, migrate, schema_manager
 from postjob_sa.errors import InvalidArgument
 
 from . import _statements as statements
@@ -43,21 +48,31 @@ def db_migrate(app: App) -> None:
         click.echo(f"postjob schema migrated from {before or 'nothing'} to {after} ({app.display_url()})")
 
 
+MANAGERS = {"postjob": "by postjob db migrate", "alembic": "by your app's Alembic migrations"}
+UPGRADE_HINTS = {"postjob": "postjob db migrate",
+                 "alembic": "postjob db revision, then alembic upgrade head"}
+
+
 @db.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 @click.pass_obj
 def db_status(app: App, as_json: bool) -> None:
-    """Show the installed revision next to the newest one this code has."""
-    installed, head = _installed(app), head_revision()
+    """Show the installed revision next to the newest one this code has, and what manages it."""
+    with app.engine.connect() as conn:
+        installed, manager = installed_revision(conn), schema_manager(conn)
+    head = head_revision()
     state = "up to date" if installed == head else "missing" if installed is None else "behind"
     if as_json:
-        print_json({"database": app.display_url(), "installed": installed, "head": head, "state": state})
+        print_json({"database": app.display_url(), "installed": installed, "head": head,
+                    "state": state, "managed_by": manager})
         return
     click.echo(f"database:  {app.display_url()} ({app.source})")
     click.echo(f"installed: {installed or '-'}")
     click.echo(f"head:      {head}")
-    hint = {"missing": "  (run: postjob db migrate)", "behind": "  (run: postjob db migrate)"}
-    click.echo(f"state:     {state}{hint.get(state, '')}")
+    if manager is not None:
+        click.echo(f"managed:   {MANAGERS[manager]}")
+    hint = "" if state == "up to date" else f"  (run: {UPGRADE_HINTS[manager or 'postjob']})"
+    click.echo(f"state:     {state}{hint}")
 
 
 @db.command("downgrade")
@@ -72,6 +87,31 @@ def db_downgrade(app: App, revision: str) -> None:
     after = _installed(app)
     what = "schema dropped" if after is None else f"now at {after}"
     click.echo(f"postjob schema downgraded from {before}: {what} ({app.display_url()})")
+
+
+@db.command("revision")
+@click.option("--alembic-ini", default="alembic.ini", show_default=True, metavar="PATH",
+              help="Your app's Alembic configuration.")
+@click.option("--to", "to", metavar="REV", help="Our revision to upgrade to (default: the newest).")
+@click.option("-m", "--message", help='The revision\'s message (default: "postjob schema REV").')
+@click.option("--rev-id", metavar="ID", help="The new revision's id (default: Alembic makes one).")
+def db_revision(alembic_ini: str, to: str | None, message: str | None, rev_id: str | None) -> None:
+    """Write a revision into your app's Alembic history that installs or upgrades the postjob
+    schema (the single-head way: `alembic upgrade head` then applies it). Needs no database."""
+    ini = Path(alembic_ini)
+    if not ini.is_file():
+        raise InvalidArgument(f"no Alembic configuration at {ini} (name yours with --alembic-ini)")
+    cfg = Config(str(ini), cmd_opts=Namespace(quiet=True))  # we say what we wrote
+    written = write_revision(cfg, to=to, message=message, rev_id=rev_id)
+    try:
+        shown = os.path.relpath(written.path)
+    except ValueError:  # another drive (Windows)
+        shown = str(written.path)
+    click.echo(
+        f"wrote {shown}: postjob schema {written.before or 'nothing'} -> {written.to}, "
+        f"after your revision {written.down_revision or '(none: it starts your history)'}; "
+        "apply it with `alembic upgrade head`"
+    )
 
 
 def _role_name(role: str) -> str:

@@ -20,6 +20,9 @@ OPTIONS: dict[str, Any] = {
     # the postjob schema's tables, which our metadata does not describe
     "include_schemas": True,
     "include_object": postjob_sa.include_object,
+    # one transaction per revision: a postjob_sa revision that builds an index
+    # CONCURRENTLY commits what came before it
+    "transaction_per_migration": True,
 }
 
 
@@ -39,7 +42,10 @@ def run_migrations_online() -> None:
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=database_url(), literal_binds=True, **OPTIONS)
+    # paramstyle "named": a '%' in our SQL stays one '%' in the script (not '%%')
+    context.configure(
+        url=database_url(), literal_binds=True, dialect_opts={"paramstyle": "named"}, **OPTIONS
+    )
     with context.begin_transaction():
         context.run_migrations()
 

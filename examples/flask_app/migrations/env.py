@@ -14,15 +14,18 @@ from examples.flask_app.models import Base
 
 config = context.config
 
-# --8<-- [start:configure]
+# docs: begin configure
 OPTIONS: dict[str, Any] = {
     "target_metadata": Base.metadata,
     # compare the app's tables only; without this, autogenerate would propose dropping
     # the postjob schema's tables, which our metadata does not describe
     "include_schemas": True,
     "include_object": postjob_sa.include_object,
+    # one transaction per revision: a postjob_sa revision that builds an index
+    # CONCURRENTLY commits what came before it
+    "transaction_per_migration": True,
 }
-# --8<-- [end:configure]
+# docs: end configure
 
 
 def run_migrations_online() -> None:
@@ -41,7 +44,10 @@ def run_migrations_online() -> None:
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=database_url(), literal_binds=True, **OPTIONS)
+    # paramstyle "named": a '%' in our SQL stays one '%' in the script (not '%%')
+    context.configure(
+        url=database_url(), literal_binds=True, dialect_opts={"paramstyle": "named"}, **OPTIONS
+    )
     with context.begin_transaction():
         context.run_migrations()
 

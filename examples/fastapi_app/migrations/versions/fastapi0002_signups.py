@@ -1,6 +1,7 @@
 """The signups table, which references postjob_sa's jobs.
 
-Revision ID: fastapi0001
+Revision ID: fastapi0002
+Revises: fastapi0001
 """
 
 from __future__ import annotations
@@ -8,11 +9,11 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "fastapi0001"
-down_revision = None
-branch_labels = ("app",)
-# signups.welcome_job_id references postjob.postjobs: apply postjob_sa's branch first
-depends_on = "postjob"
+revision = "fastapi0002"
+# after fastapi0001, which installed postjob's schema: welcome_job_id can reference it
+down_revision = "fastapi0001"
+branch_labels = None
+depends_on = None
 
 
 def upgrade() -> None:

@@ -1,0 +1,116 @@
+"""postjob_sa's schema steps inside your own Alembic history: the single-head way.
+
+A revision of yours applies our schema up to a named revision; ``alembic upgrade head`` stays
+one head. ``postjob db revision`` writes such a revision::
+
+    from postjob_sa import migrations
+
+    def upgrade() -> None:
+        migrations.upgrade(to="pj0001")
+
+    def downgrade() -> None:
+        migrations.downgrade(to=None)
+
+Both run the package's own revision modules, in order, on the connection of your migration.
+The database says where to start (``postjob.schema_version()``), so a call that finds its
+work done does nothing. In offline mode (``alembic upgrade --sql``) there is no database to
+ask: the start is what your history applied up to the revision the range starts from.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from alembic import op
+from alembic.runtime.migration import MigrationContext
+
+from postjob_sa import _host_history
+from postjob_sa._migrations import (
+    DROP_VERSION_TABLE_SQL,
+    installed_revision,
+    revisions,
+    scripts,
+)
+from postjob_sa.errors import InvalidArgument, PostjobError, SchemaError
+
+__all__ = ["downgrade", "upgrade"]
+
+# offline runs: where each run's SQL has brought the schema so far
+_OFFLINE: weakref.WeakKeyDictionary[MigrationContext, str | None] = weakref.WeakKeyDictionary()
+
+
+def upgrade(to: str) -> None:
+    """Apply the package's revisions after the installed one, up to and including ``to``.
+
+    Call it from the ``upgrade()`` of a revision in your history. ``to`` names a revision
+    (``"pj0001"``), never ``head``: your revision must mean the same schema after you upgrade
+    postjob_sa. Raises :class:`~postjob_sa.InvalidArgument` for a revision this package does
+    not have, :class:`~postjob_sa.SchemaError` if the schema is already newer than ``to``.
+    A schema that ``postjob db migrate`` installed is taken over: its version table goes.
+    """
+    target = _index(to, "upgrade")
+    ctx = _context("upgrade")
+    start = _start(ctx)
+    if start > target:
+        raise SchemaError(
+            f"the postjob schema is at {revisions()[start]}, newer than {to}: "
+            "a revision of yours upgrades it to an older revision than the database has"
+        )
+    for script in scripts()[start + 1 : target + 1]:
+        script.module.upgrade()
+    op.execute(DROP_VERSION_TABLE_SQL)  # a schema `postjob db migrate` installed is now yours
+    _OFFLINE[ctx] = to
+
+
+def downgrade(to: str | None) -> None:
+    """Undo the package's revisions newer than ``to``; ``None`` drops the schema, and every
+    job in it.
+
+    Call it from the ``downgrade()`` of the revision that upgraded from ``to``. Raises
+    :class:`~postjob_sa.SchemaError` if the schema is already older than ``to``.
+    """
+    target = -1 if to is None else _index(to, "downgrade")
+    ctx = _context("downgrade")
+    start = _start(ctx)
+    if start < target:
+        installed = "not installed" if start < 0 else f"at {revisions()[start]}"
+        raise SchemaError(f"the postjob schema is {installed}, older than {to}: nothing to downgrade")
+    for script in reversed(scripts()[target + 1 : start + 1]):
+        script.module.downgrade()
+    _OFFLINE[ctx] = to
+
+
+def _index(rev: str, what: str) -> int:
+    known = revisions()
+    if rev not in known:
+        raise InvalidArgument(
+            f"postjob_sa.migrations.{what}: unknown revision {rev!r} "
+            f"(this postjob_sa has {', '.join(known)}; name one, never 'head')"
+        )
+    return known.index(rev)
+
+
+def _context(what: str) -> MigrationContext:
+    try:
+        return op.get_context()
+    except (NameError, AttributeError):  # no proxy yet / the last one was torn down
+        raise PostjobError(
+            f"postjob_sa.migrations.{what}() runs inside an Alembic revision of your app; "
+            "outside Alembic, use postjob_sa.migrate(engine)"
+        ) from None
+
+
+def _start(ctx: MigrationContext) -> int:
+    """The index of the installed revision (-1: none)."""
+    if ctx.as_sql:
+        installed = _OFFLINE[ctx] if ctx in _OFFLINE else _host_history.applied_before_offline(ctx)
+    else:
+        installed = installed_revision(op.get_bind())
+    if installed is None:
+        return -1
+    if installed not in revisions():
+        raise SchemaError(
+            f"the postjob schema is at {installed}, a revision this postjob_sa does not have: "
+            "upgrade postjob_sa"
+        )
+    return revisions().index(installed)

@@ -1,0 +1,1 @@
+"""A shop app whose Alembic history is older than its use of postjob_sa."""
