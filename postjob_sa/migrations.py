@@ -27,6 +27,7 @@ from alembic.runtime.migration import MigrationContext
 from postjob_sa import _host_history
 from postjob_sa._migrations import (
     DROP_VERSION_TABLE_SQL,
+    _standalone_heads,
     installed_revision,
     revisions,
     scripts,
@@ -46,11 +47,16 @@ def upgrade(to: str) -> None:
     (``"pj0001"``), never ``head``: your revision must mean the same schema after you upgrade
     postjob_sa. Raises :class:`~postjob_sa.InvalidArgument` for a revision this package does
     not have, :class:`~postjob_sa.SchemaError` if the schema is already newer than ``to``.
-    A schema that ``postjob db migrate`` installed is taken over: its version table goes.
+    A schema that ``postjob db migrate`` installed is taken over: its version table goes
+    (even when it is newer than ``to``: the revisions of yours after this one get there).
     """
     target = _index(to, "upgrade")
     ctx = _context("upgrade")
     start = _start(ctx)
+    if start > target and not ctx.as_sql and _standalone_heads(op.get_bind()):
+        # taking over a schema `postjob db migrate` brought further already: it is yours now
+        op.execute(DROP_VERSION_TABLE_SQL)
+        return
     if start > target:
         raise SchemaError(
             f"the postjob schema is at {revisions()[start]}, newer than {to}: "

@@ -25,8 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SHOP = ROOT / "tests" / "shop" / "app"
 #: the revision `postjob db revision` wrote (it brings our schema to pj0001) ...
 ADOPTION = "0ba0f0330356"
-#: ... and the one `alembic revision --autogenerate` wrote next (orders.fulfil_job_id)
+#: ... the one `alembic revision --autogenerate` wrote next (orders.fulfil_job_id) ...
 FULFIL_JOB = "85a938654cea"
+#: ... and the one `postjob db revision` wrote when the shop upgraded postjob_sa (to the head)
+UPGRADE = "5c2d81e07a44"
 BEFORE_ADOPTION = "shop0003"
 
 
