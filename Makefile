@@ -11,7 +11,7 @@ include bench/Makefile.inc
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[dev,embedded]'
+	$(BIN)/python -m pip install -q -e '.[dev,embedded,web]'
 	touch $@
 
 install: $(STAMP)
