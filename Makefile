@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test lint typecheck docs pytest demo clean
+.PHONY: install test lint typecheck docs pytest demo clean screenshots
 
 include bench/Makefile.inc
 
@@ -32,6 +32,10 @@ pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck docs pytest
+
+# the dashboard's screenshots in docs/img/ (headless Chromium on a scratch database)
+screenshots: $(STAMP)
+	$(BIN)/python -m tests.screenshots
 
 demo: $(STAMP)
 	$(BIN)/postjob demo
