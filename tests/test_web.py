@@ -205,6 +205,15 @@ def test_reset_and_force(client: Client, seeded: Seeded, engine: Engine) -> None
     assert post(client, "/jobs/999999/reset").status_code == 404
 
 
+def test_an_error_page_links_back_only_within_the_site(client: Client, seeded: Seeded) -> None:
+    ok_job = f"/jobs/{seeded.labels[0]}"
+    mine = post(client, ok_job + "/force", headers={"Referer": "http://localhost" + ok_job})
+    assert mine.status_code == 409 and f'href="http://localhost{ok_job}">Back' in body(mine)
+    for referer in ("https://evil.example/phish", "javascript:alert(1)"):
+        page = body(post(client, ok_job + "/force", headers={"Referer": referer}))
+        assert "evil.example" not in page and "javascript:" not in page
+
+
 def test_actions_are_post_only(client: Client, seeded: Seeded) -> None:
     assert client.get(f"/jobs/{seeded.failed}/reset").status_code == 405
     assert client.get("/resolve").status_code == 405
@@ -227,7 +236,8 @@ def test_read_only_refuses_every_action(engine: Engine, seeded: Seeded) -> None:
     client = Client(create_app(engine, read_only=True))
     page = body(client.get(f"/jobs/{seeded.failed}"))
     assert "read-only" in page and "Reset</button>" not in page
-    assert post(client, f"/jobs/{seeded.failed}/reset").status_code == 403
+    refused = post(client, f"/jobs/{seeded.failed}/reset")
+    assert refused.status_code == 403 and "the dashboard is read-only" in body(refused)
     assert status_of(engine, seeded.failed) == "failed"
 
 

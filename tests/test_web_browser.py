@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from postjob_sa import JobQueue
@@ -207,3 +207,16 @@ def test_the_page_updates_when_a_job_finishes_in_the_background(
     worker.join()
     assert page.evaluate("window.__still_here") is True  # swapped in place, no reload
     assert '"n": 1' in page.locator('[data-fragment="job"]').inner_text()
+
+
+def test_a_form_being_filled_in_is_not_swapped_away(page: Any, site: Served, seeded: Seeded, engine: Engine) -> None:
+    page.goto(site.url + f"/jobs/{seeded.order}")
+    field = page.get_by_label(f"value of manual step {seeded.manual} (JSON)")
+    field.fill('{"by": "half typed')
+    page.locator("h1").click()  # focus elsewhere: the typed value alone keeps the region
+    with engine.begin() as conn:  # the tree changes meanwhile
+        conn.execute(text("UPDATE postjob.postjobs SET workflow_status = 'waiting for sign-off' "
+                          "WHERE id = :i"), {"i": seeded.order})
+    page.get_by_text("waiting for sign-off").first.wait_for()  # the job's fields updated ...
+    assert "waiting for sign-off" not in page.locator('[data-fragment="tree"]').inner_text()
+    assert field.input_value() == '{"by": "half typed'  # ... the tree with the form did not
