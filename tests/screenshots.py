@@ -98,7 +98,7 @@ def main() -> int:
             page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
             for name, path, full in [
                 ("overview", "/", True),
-                ("jobs", "/jobs", False),
+                ("jobs", "/jobs?queue=q", False),
                 ("tree", f"/jobs/{root}", True),
                 ("failed", f"/jobs/{failed}", True),
             ]:
