@@ -5,13 +5,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test lint typecheck docs pytest demo clean
+.PHONY: install test lint typecheck docs pytest demo clean screenshots
 
 include bench/Makefile.inc
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[dev,embedded]'
+	$(BIN)/python -m pip install -q -e '.[dev,embedded,web]'
 	touch $@
 
 install: $(STAMP)
@@ -32,6 +32,10 @@ pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck docs pytest
+
+# the dashboard's screenshots in docs/img/ (headless Chromium on a scratch database)
+screenshots: $(STAMP)
+	$(BIN)/python -m tests.screenshots
 
 demo: $(STAMP)
 	$(BIN)/postjob demo

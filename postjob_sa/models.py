@@ -163,6 +163,14 @@ class Job(Base):
             postgresql_ops={"full_id": "text_pattern_ops"},
             postgresql_where=text("parent_id IS NOT NULL"),
         ),
+        # the dashboard: settled jobs by status and time (throughput, counts per queue)
+        Index(
+            "postjobs_settled_idx",
+            "status",
+            "updated_at",
+            postgresql_include=["queue"],
+            postgresql_where=text("status IN ('sleep', 'failed', 'timeout', 'ok')"),
+        ),
         Index(
             "postjobs_tags_idx",
             "tags",

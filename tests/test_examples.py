@@ -4,6 +4,7 @@ branch way), a POST through the framework's test client, then the worker."""
 
 from __future__ import annotations
 
+import base64
 import importlib
 import os
 import subprocess
@@ -98,9 +99,11 @@ def _jobs(engine: Engine) -> list[Job]:
 
 def test_upgrade_applies_our_schema_and_the_app_revision(app_engine: Engine, example: Example) -> None:
     with app_engine.connect() as conn:
-        # the app's head in the version table (on the branch way, beside our branch's head:
-        # the app's revision depends on our first one)
-        assert example.revision in MigrationContext.configure(conn).get_current_heads()
+        # the app's revision depends on our branch's first revision; later ones of ours are a
+        # head of their own (as in tests/test_host_project.py)
+        heads = set(MigrationContext.configure(conn).get_current_heads())
+        assert example.revision in heads
+        assert heads <= {example.revision, postjob_sa._migrations.head_revision()}
         assert installed_revision(conn) == postjob_sa._migrations.head_revision()
         models = example.module("models")
         ctx = MigrationContext.configure(
@@ -144,6 +147,59 @@ def test_signup_enqueues_in_the_request_transaction(app_engine: Engine, example:
         assert signup.welcome_job_id == job.id
         assert signup.welcomed_at is not None
         assert s.scalar(select(func.count()).select_from(Signup)) == 1
+
+
+class _FlaskBrowser:
+    def __init__(self, app: Any):
+        self.client = app.test_client()
+
+    def get(self, path: str, auth: dict[str, str]) -> tuple[int, str]:
+        resp = self.client.get(path, headers=auth)
+        return resp.status_code, resp.get_data(as_text=True)
+
+    def post(self, path: str, auth: dict[str, str]) -> tuple[int, str]:
+        cookie = self.client.get_cookie("postjob_csrf", path="/admin/jobs/")
+        resp = self.client.post(path, headers=auth, data={"csrf": cookie.value if cookie else ""})
+        return resp.status_code, resp.headers.get("Location", "")
+
+
+class _FastAPIBrowser:
+    def __init__(self, app: Any):
+        from fastapi.testclient import TestClient
+
+        self.client = TestClient(app, follow_redirects=False)
+
+    def get(self, path: str, auth: dict[str, str]) -> tuple[int, str]:
+        resp = self.client.get(path, headers=auth)
+        return resp.status_code, resp.text
+
+    def post(self, path: str, auth: dict[str, str]) -> tuple[int, str]:
+        resp = self.client.post(path, headers=auth, data={"csrf": self.client.cookies.get("postjob_csrf") or ""})
+        return resp.status_code, resp.headers.get("location", "")
+
+
+def test_the_dashboard_is_mounted_behind_the_apps_authentication(
+    app_engine: Engine, example: Example, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ADMIN_PASSWORD", "s3cret")
+    app = example.module("app").create_app(app_engine)
+    assert example.post(app, {"email": "ada@example.com"})[0] == 201
+    [job] = _jobs(app_engine)
+    browser = _FlaskBrowser(app) if example.name == "flask_app" else _FastAPIBrowser(app)
+    admin = {"Authorization": "Basic " + base64.b64encode(b"admin:s3cret").decode()}
+    wrong = {"Authorization": "Basic " + base64.b64encode(b"admin:guess").decode()}
+
+    assert browser.get("/admin/jobs/", {})[0] == 401
+    assert browser.get("/admin/jobs/", wrong)[0] == 401
+    status, page = browser.get("/admin/jobs/", admin)
+    assert status == 200 and "Overview" in page
+    assert 'href="/admin/jobs/static/dashboard.css' in page
+    status, page = browser.get(f"/admin/jobs/jobs/{job.id}", admin)
+    assert status == 200 and "ada@example.com" in page and "send_welcome" in page
+    # an action through the mount: the app's authentication, then the dashboard's CSRF check
+    assert browser.post(f"/admin/jobs/jobs/{job.id}/force", {})[0] == 401
+    status, location = browser.post(f"/admin/jobs/jobs/{job.id}/force", admin)
+    assert status == 303 and location.endswith(f"/admin/jobs/jobs/{job.id}?done=force")
 
 
 def test_worker_runs_as_a_module(app_engine: Engine, example: Example) -> None:

@@ -1,6 +1,7 @@
-"""POST /signups stores a signup and enqueues its welcome job in one transaction.
+"""POST /signups stores a signup and enqueues its welcome job in one transaction; the
+postjob dashboard is mounted at /admin/jobs, behind HTTP Basic authentication.
 
-    uvicorn examples.fastapi_app.app:app
+    ADMIN_PASSWORD=... uvicorn examples.fastapi_app.app:app
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from examples.fastapi_app.config import database_url
+import postjob_sa.web
+from examples.admin_guard import basic_auth
+from examples.fastapi_app.config import admin_password, database_url
 from examples.fastapi_app.models import Signup
 from examples.fastapi_app.workflows import send_welcome
 from postjob_sa import JobQueue
@@ -56,6 +59,12 @@ def create_app(engine: Engine | None = None) -> FastAPI:
             raise HTTPException(409, f"{body.email} has already signed up") from None
         return SignupOut(email=body.email, welcome_job_id=job.id)
     # docs: end handler
+
+    # docs: begin dashboard
+    # The dashboard is a WSGI app: as_asgi() adapts it, and this app's authentication guards it.
+    dashboard = postjob_sa.web.create_app(app.state.engine)
+    app.mount("/admin/jobs", postjob_sa.web.as_asgi(basic_auth(dashboard, admin_password())))
+    # docs: end dashboard
 
     return app
 

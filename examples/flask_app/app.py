@@ -1,6 +1,7 @@
-"""POST /signups stores a signup and enqueues its welcome job in one transaction.
+"""POST /signups stores a signup and enqueues its welcome job in one transaction; the
+postjob dashboard is mounted at /admin/jobs, behind HTTP Basic authentication.
 
-    flask --app examples.flask_app.app run
+    ADMIN_PASSWORD=... flask --app examples.flask_app.app run
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ from flask import Flask, request
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
-from examples.flask_app.config import database_url
+import postjob_sa.web
+from examples.admin_guard import basic_auth
+from examples.flask_app.config import admin_password, database_url
 from examples.flask_app.models import Signup
 from examples.flask_app.workflows import send_welcome
 from postjob_sa import JobQueue
@@ -40,5 +44,14 @@ def create_app(engine: Engine | None = None) -> Flask:
                 return {"error": f"{email} has already signed up"}, 409
             return {"email": email, "welcome_job_id": job.id}, 201
     # docs: end handler
+
+    # docs: begin dashboard
+    # The dashboard is a WSGI app of its own: mounted under /admin/jobs, behind this app's
+    # authentication (it has none of its own when mounted).
+    dashboard = postjob_sa.web.create_app(app.extensions["engine"])
+    app.wsgi_app = DispatcherMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app, {"/admin/jobs": basic_auth(dashboard, admin_password())}
+    )
+    # docs: end dashboard
 
     return app

@@ -35,7 +35,7 @@ def cli(ctx: click.Context, database_url: str | None, verbose: int) -> None:
 
 
 def _register() -> None:
-    from . import db, demo, job, ps, run
+    from . import db, demo, job, ps, run, web
 
     cli.add_command(db.db)
     cli.add_command(job.job)
@@ -43,6 +43,7 @@ def _register() -> None:
     cli.add_command(run.run)
     cli.add_command(run.reap)
     cli.add_command(demo.demo)
+    cli.add_command(web.web)
 
 
 _register()

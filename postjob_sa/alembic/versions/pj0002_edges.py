@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from postjob_sa.alembic._steps import index_step
+
 revision = "pj0002"
 down_revision = "pj0001"
 branch_labels = None
@@ -638,29 +640,13 @@ DROP FUNCTION IF EXISTS postjob.set_job_error(bigint, bigint, varchar, varchar, 
 """
 
 
-def _index_step(*statements: str) -> None:
-    """Build or drop an index CONCURRENTLY (writes go on meanwhile) when Alembic owns the
-    transaction; inside a transaction the caller began itself (Alembic's "share a connection"
-    recipe, ``engine.begin()``), where nothing can run outside it, in place instead."""
-    ctx = op.get_context()
-    external = (not ctx.as_sql and ctx.connection is not None and ctx.connection.in_transaction()
-                and getattr(ctx, "_transaction", None) is None)
-    if external:
-        for statement in statements:
-            op.execute(statement.replace(" CONCURRENTLY", ""))
-        return
-    with ctx.autocommit_block():
-        for statement in statements:
-            op.execute(statement)
-
-
 def upgrade() -> None:
-    _index_step(INVALID_INDEX_DROP, INDEX_UP)
+    index_step(INVALID_INDEX_DROP, INDEX_UP)
     op.execute(LOCK_TIMEOUT)
     for block in (WORKERS_SQL, REAP_SQL, CHECKOUT_SQL, FENCING_SQL, WAKEUPS_SQL, OPERATORS_SQL,
                   COMPAT_SQL):
         op.execute(block)
-    _index_step(OLD_INDEX_DOWN)
+    index_step(OLD_INDEX_DOWN)
 
 
 # -- downgrade: back to pj0001 exactly (its functions as it created them) ---------------------
@@ -996,9 +982,9 @@ DROP TABLE postjob.workers;
 
 
 def downgrade() -> None:
-    _index_step(OLD_INDEX_UP)
+    index_step(OLD_INDEX_UP)
     op.execute(LOCK_TIMEOUT)
     op.execute(DOWN_SQL)
     op.execute(DOWN_FUNCTIONS_SQL)
     op.execute(DOWN_TABLES_SQL)
-    _index_step(INDEX_DOWN)
+    index_step(INDEX_DOWN)

@@ -1,0 +1,57 @@
+"""postjob_sa.web: the dashboard, a WSGI application.
+
+``create_app(engine)`` builds it; ``postjob web`` serves it on its own, and a host mounts it
+under a path of its own, behind its own authentication: in Flask with werkzeug's
+``DispatcherMiddleware``, in FastAPI with ``app.mount(path, as_asgi(dashboard))``. Needs the
+``web`` extra (``pip install 'postjob_sa[web]'``).
+"""
+
+from __future__ import annotations
+
+try:
+    import jinja2  # noqa: F401
+    import werkzeug  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        f"the dashboard needs the web extra: pip install 'postjob_sa[web]' ({exc})"
+    ) from exc
+
+from sqlalchemy import Engine, create_engine
+
+from postjob_sa.errors import InvalidArgument
+
+from .app import Dashboard
+from .asgi import as_asgi
+from .auth import Guard
+from .views import Settings
+
+__all__ = ["Dashboard", "as_asgi", "create_app"]
+
+
+def create_app(
+    bind: Engine | str,
+    *,
+    token: str | None = None,
+    read_only: bool = False,
+    refresh: float = 2.0,
+    stuck_after: float = 60.0,
+) -> Dashboard:
+    """The dashboard on ``bind`` (an Engine, or a database URL), as a WSGI application.
+
+    ``read_only`` hides and refuses every action. With a ``token``, actions need it (the
+    browser logs in once at ``/login``; scripts send ``Authorization: Bearer <token>``);
+    without one, whoever reaches the app may act, so mount it behind your own
+    authentication. ``refresh`` is how often pages update themselves, in seconds (0: never);
+    ``stuck_after`` is how long a due job may wait before the overview lists it among the
+    jobs no running worker runs.
+    """
+    if token is not None and (not isinstance(token, str) or len(token) < 8):
+        raise InvalidArgument("the dashboard's token must be a string of at least 8 characters")
+    for name, value in (("refresh", refresh), ("stuck_after", stuck_after)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise InvalidArgument(f"{name} must be a number of seconds, not {value!r}")
+    engine = create_engine(bind, connect_args={"application_name": "postjob web"}) if isinstance(bind, str) else bind
+    return Dashboard(
+        engine, Guard(token=token, read_only=bool(read_only)),
+        Settings(refresh=float(refresh), stuck_after=float(stuck_after)),
+    )

@@ -1,0 +1,116 @@
+"""Who may act, and proof that a POST came from the dashboard's own form.
+
+* **Read-only** mode: no action at all, whoever asks.
+* **Token**: with a secret (``postjob web --token``), an action needs the session cookie that
+  ``/login`` sets after checking the secret, or an ``Authorization: Bearer <secret>`` header.
+  The cookie holds an HMAC of the secret, never the secret itself.
+* **No token** (a host mounts the app): every request that reaches the dashboard may act; the
+  host's own authentication decides who reaches it.
+* **CSRF**: every POST carries a form field equal to the ``postjob_csrf`` cookie (random,
+  SameSite=Strict, HttpOnly), and a browser's ``Origin`` / ``Sec-Fetch-Site`` headers, when
+  sent, must name this site.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from werkzeug.exceptions import Forbidden
+from werkzeug.wrappers import Request, Response
+
+CSRF_COOKIE = "postjob_csrf"
+CSRF_FIELD = "csrf"
+SESSION_COOKIE = "postjob_session"
+_SESSION_MESSAGE = b"postjob web session v1"
+
+
+def _session_value(token: str) -> str:
+    return hmac.new(token.encode(), _SESSION_MESSAGE, hashlib.sha256).hexdigest()
+
+
+def cookie_path(request: Request) -> str:
+    return (request.script_root or "") + "/"
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The access policy of one dashboard."""
+
+    token: str | None = None
+    read_only: bool = False
+
+    def can_act(self, request: Request) -> bool:
+        """Whether this request may run actions (its CSRF proof is checked separately)."""
+        if self.read_only:
+            return False
+        if self.token is None:
+            return True
+        bearer = request.headers.get("Authorization", "")
+        if bearer.startswith("Bearer ") and hmac.compare_digest(
+            bearer[7:].encode(), self.token.encode()
+        ):
+            return True
+        cookie = request.cookies.get(SESSION_COOKIE, "")
+        return hmac.compare_digest(cookie.encode(), _session_value(self.token).encode())
+
+    def needs_login(self, request: Request) -> bool:
+        return not self.read_only and self.token is not None and not self.can_act(request)
+
+    def check_token(self, offered: str) -> bool:
+        return self.token is not None and hmac.compare_digest(offered.encode(), self.token.encode())
+
+    def log_in(self, response: Response, request: Request) -> None:
+        assert self.token is not None
+        response.set_cookie(
+            SESSION_COOKIE, _session_value(self.token), path=cookie_path(request),
+            httponly=True, samesite="Strict", secure=request.is_secure,
+        )
+
+    def require_action(self, request: Request) -> None:
+        """Raise Forbidden unless this POST may act: not read-only, authorised, and proven
+        to come from the dashboard's own page (CSRF)."""
+        if self.read_only:
+            raise Forbidden("the dashboard is read-only")
+        require_same_origin(request)
+        if not self.can_act(request):
+            raise Forbidden("actions need the dashboard's token: log in first")
+
+
+def csrf_token(request: Request) -> str:
+    """The CSRF value for this browser (from its cookie, or a new one the response sets)."""
+    existing = request.cookies.get(CSRF_COOKIE, "")
+    if len(existing) >= 32:
+        return existing
+    fresh: str | None = request.environ.get("postjob.csrf_new")
+    if fresh is None:
+        fresh = secrets.token_urlsafe(32)
+        request.environ["postjob.csrf_new"] = fresh
+    return fresh
+
+
+def set_csrf_cookie(request: Request, response: Response) -> None:
+    fresh = request.environ.get("postjob.csrf_new")
+    if fresh:
+        response.set_cookie(
+            CSRF_COOKIE, fresh, path=cookie_path(request), httponly=True, samesite="Strict",
+            secure=request.is_secure,
+        )
+
+
+def require_same_origin(request: Request) -> None:
+    """Raise Forbidden unless this POST carries the CSRF proof and, where the browser says
+    where it came from, comes from this site."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        raise Forbidden("cross-site request refused")
+    origin = request.headers.get("Origin")
+    if origin is not None and urlsplit(origin).netloc != request.host:
+        raise Forbidden("cross-origin request refused")
+    cookie = request.cookies.get(CSRF_COOKIE, "")
+    offered = request.form.get(CSRF_FIELD, "")
+    if len(cookie) < 32 or not hmac.compare_digest(cookie.encode(), offered.encode()):
+        raise Forbidden("the form has expired or did not come from this dashboard: reload the page")

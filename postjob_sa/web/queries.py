@@ -1,0 +1,357 @@
+"""Every database read of the dashboard: named statements (noun first) and the functions
+that run them. Values travel as bound parameters only; optional filters are
+``(CAST(:x AS …) IS NULL OR …)``, which the planner folds away when the value is NULL.
+
+What serves each statement at 1,000,000 jobs (bench/web.py measures it):
+
+* ready/err jobs: ``postjobs_runnable_idx``; processing jobs: ``postjobs_lease_idx``;
+* sleeping, failed, timed-out and ok jobs: ``postjobs_settled_idx`` (status, updated_at)
+  including the queue, so counts and the throughput of the last hour are index-only scans;
+* ok jobs are counted up to :data:`OK_COUNT_CAP` and estimated beyond it;
+* lists page by id (keyset, newest first) inside a bounded window of ids, so a filter that
+  matches nothing still reads at most :data:`LIST_WINDOW` rows per page;
+* a tree is its root (primary key) plus ``postjobs_tree_idx``.
+
+Later features (schedules, per-queue limits, priorities, a workers table) add their reads
+here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, text
+
+#: ok jobs are counted exactly up to this many; beyond it the table's statistics estimate.
+OK_COUNT_CAP = 50_000
+#: A list page reads at most this many ids below its cursor before it stops looking.
+LIST_WINDOW = 100_000
+#: At most this many jobs of one tree are shown.
+TREE_LIMIT = 2_000
+STATEMENT_TIMEOUT_MS = 10_000
+MANUAL = "__manual__"
+
+# -- session ---------------------------------------------------------------------------------
+
+READ_ONLY_BEGIN = text("SET TRANSACTION READ ONLY")
+STATEMENT_TIMEOUT_SET = text("SELECT set_config('statement_timeout', :ms, true)")
+DB_NOW = text("SELECT now()")
+
+# -- overview --------------------------------------------------------------------------------
+
+#: Jobs per queue and status except ok, each branch on its own partial index.
+QUEUE_STATUS_COUNTS = text(
+    "SELECT queue, status::text AS status, count(*) AS jobs, "
+    "count(*) FILTER (WHERE next_run_at <= now()) AS due "
+    "FROM postjob.postjobs WHERE status IN ('ready', 'err') GROUP BY 1, 2 "
+    "UNION ALL "
+    "SELECT queue, 'processing', count(*), 0 FROM postjob.postjobs "
+    "WHERE status = 'processing' GROUP BY 1 "
+    "UNION ALL "
+    "SELECT queue, status::text, count(*), 0 FROM postjob.postjobs "
+    "WHERE status IN ('sleep', 'failed', 'timeout') GROUP BY 1, 2"
+)
+
+#: ok jobs, counted up to :cap.
+OK_COUNT_CAPPED = text(
+    "SELECT count(*) FROM (SELECT 1 FROM postjob.postjobs WHERE status = 'ok' LIMIT :cap) c"
+)
+
+#: The planner's row count of the table (kept by VACUUM and ANALYZE).
+JOBS_ESTIMATE = text(
+    "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class "
+    "WHERE oid = CAST('postjob.postjobs' AS regclass)"
+)
+
+#: Settled jobs per minute of the last hour (0 = the current minute), queue and status.
+THROUGHPUT_LAST_HOUR = text(
+    "SELECT floor(extract(epoch FROM now() - updated_at) / 60)::int AS minutes_ago, "
+    "queue, status::text AS status, count(*) AS jobs FROM postjob.postjobs "
+    "WHERE status IN ('ok', 'failed', 'timeout') AND updated_at > now() - interval '60 minutes' "
+    "GROUP BY 1, 2, 3"
+)
+
+#: Per queue (of :queues), the job that has been due the longest: one walk of
+#: postjobs_runnable_idx per queue, in due order. Manual steps wait for a person instead.
+QUEUE_OLDEST_DUE = text(
+    "SELECT o.queue, o.id, o.workflow, o.status, o.next_run_at "
+    "FROM unnest(CAST(:queues AS text[])) AS q(name) CROSS JOIN LATERAL ("
+    "  SELECT s.queue, s.id, s.workflow, s.status::text AS status, s.next_run_at "
+    "  FROM postjob.postjobs s WHERE s.status IN ('ready', 'err') AND s.queue = q.name "
+    "  AND s.next_run_at <= now() AND s.workflow <> '__manual__' "
+    "  ORDER BY s.next_run_at, s.id LIMIT 1) o ORDER BY o.queue"
+)
+
+#: Manual steps waiting for their token, oldest first.
+MANUAL_STEPS_OPEN = text(
+    "SELECT id, root_id, args, created_at FROM postjob.postjobs "
+    "WHERE status IN ('ready', 'err') AND workflow = '__manual__' "
+    "ORDER BY next_run_at, id LIMIT :limit"
+)
+
+MANUAL_STEPS_OPEN_COUNT = text(
+    "SELECT count(*) FROM postjob.postjobs "
+    "WHERE status IN ('ready', 'err') AND workflow = '__manual__'"
+)
+
+#: Worker connections: a worker names its connection "postjob worker host:pid".
+WORKERS_CONNECTED = text(
+    "SELECT substr(application_name, 16) AS identifier, pid, client_addr::text AS client_addr, "
+    "backend_start, state, state_change FROM pg_stat_activity "
+    "WHERE datname = current_database() AND application_name LIKE 'postjob worker %' "
+    "ORDER BY 1, pid"
+)
+
+#: What each worker holds now, by the identifier it checked the jobs out under.
+WORKERS_BUSY = text(
+    "SELECT COALESCE(processing_client_identifier, processing_client, '?') AS identifier, "
+    "count(*) AS jobs, min(processing_started_at) AS since, "
+    "min(lease_expires_at) AS lease_expires_at FROM postjob.postjobs "
+    "WHERE status = 'processing' GROUP BY 1 ORDER BY 1"
+)
+
+#: Jobs no running worker seems able to run: due for longer than :grace seconds while no
+#: job of the same workflow (and version) is being processed. Grouped, oldest first.
+JOBS_STRANDED = text(
+    "SELECT s.queue, s.workflow, s.workflow_version, count(*) AS jobs, "
+    "min(s.next_run_at) AS due_since, min(s.id) AS example_id FROM postjob.postjobs s "
+    "WHERE s.status IN ('ready', 'err') AND s.workflow <> '__manual__' "
+    "AND s.next_run_at <= now() - make_interval(secs => :grace) "
+    "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs p WHERE p.status = 'processing' "
+    "  AND p.workflow = s.workflow "
+    "  AND (s.workflow_version = '' OR p.workflow_version = s.workflow_version)) "
+    "GROUP BY 1, 2, 3 ORDER BY min(s.next_run_at) LIMIT :limit"
+)
+
+# -- jobs list -------------------------------------------------------------------------------
+
+#: One page of jobs, newest first, below the cursor :before and at or above :floor.
+JOBS_PAGE = text(
+    "SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
+    "j.workflow, j.workflow_version, j.status::text AS status, j.next_run_at, "
+    "j.failed_attempts, j.max_attempts, j.error, j.error_message, j.workflow_status, j.tags, "
+    "left(j.args::text, 160) AS args_text FROM postjob.postjobs j "
+    "WHERE j.id < :before AND j.id >= :floor "
+    "AND (CAST(:statuses AS postjob.statuses[]) IS NULL "
+    "     OR j.status = ANY(CAST(:statuses AS postjob.statuses[]))) "
+    "AND (CAST(:queue AS text) IS NULL OR j.queue = CAST(:queue AS text)) "
+    "AND (CAST(:workflow AS text) IS NULL OR j.workflow = CAST(:workflow AS text)) "
+    "AND (CAST(:tags AS jsonb) IS NULL OR j.tags @> CAST(:tags AS jsonb)) "
+    "ORDER BY j.id DESC LIMIT :limit"
+)
+
+JOB_ID_RANGE = text("SELECT min(id), max(id) FROM postjob.postjobs")
+
+#: The first job at or after an id (a step of the search for the id created at a time).
+JOB_AT_OR_AFTER = text(
+    "SELECT id, created_at FROM postjob.postjobs WHERE id >= :id ORDER BY id LIMIT 1"
+)
+
+# -- one job ---------------------------------------------------------------------------------
+
+JOB_BY_ID = text(
+    "SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
+    "j.workflow, j.workflow_method, j.workflow_version, j.args, j.status::text AS status, "
+    "j.next_run_at, j.timeout, j.timing_out_at, j.failed_attempts, j.max_attempts, j.results, "
+    "j.error, j.error_message, j.error_backtrace, j.workflow_status, j.tags, j.awaiting_id, "
+    "j.processing_client, j.processing_client_identifier, j.processing_started_at, "
+    "j.processing_max_duration, j.lease_expires_at, j.lease_token, t.token::text AS token "
+    "FROM postjob.postjobs j LEFT JOIN postjob.tokens t ON t.postjob_id = j.id WHERE j.id = :id"
+)
+
+#: A whole tree: the root by its primary key, its descendants by postjobs_tree_idx.
+JOB_TREE = text(
+    "SELECT j.id, j.parent_id, j.full_id, j.queue, j.workflow, j.workflow_version, "
+    "j.status::text AS status, left(j.args::text, 200) AS args_text, "
+    "left(j.results::text, 200) AS results_text, j.error, j.error_message, j.awaiting_id, "
+    "j.workflow_status, j.next_run_at, j.failed_attempts, j.max_attempts, j.updated_at, "
+    "t.token::text AS token FROM postjob.postjobs j "
+    "LEFT JOIN postjob.tokens t ON t.postjob_id = j.id "
+    "WHERE j.id = :root OR (j.root_id = :root AND j.parent_id IS NOT NULL) "
+    "ORDER BY j.id LIMIT :limit"
+)
+
+
+@dataclass
+class Row:
+    """One result row as attributes (``row.id``), for the templates."""
+
+    values: dict[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _rows(conn: Connection, stmt: Any, params: dict[str, Any] | None = None) -> list[Row]:
+    return [Row(dict(m)) for m in conn.execute(stmt, params or {}).mappings()]
+
+
+@contextmanager
+def reading(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction with a statement timeout, rolled back at the end."""
+    with engine.connect() as conn:
+        conn.execute(READ_ONLY_BEGIN)
+        conn.execute(STATEMENT_TIMEOUT_SET, {"ms": str(STATEMENT_TIMEOUT_MS)})
+        try:
+            yield conn
+        finally:
+            conn.rollback()
+
+
+def db_now(conn: Connection) -> datetime:
+    value: datetime = conn.execute(DB_NOW).scalar_one()
+    return value
+
+
+# -- overview --------------------------------------------------------------------------------
+
+
+@dataclass
+class OkCount:
+    jobs: int
+    exact: bool
+
+
+def queue_status_counts(conn: Connection) -> list[Row]:
+    return _rows(conn, QUEUE_STATUS_COUNTS)
+
+
+def ok_count(conn: Connection, others: int) -> OkCount:
+    """ok jobs: exact up to :data:`OK_COUNT_CAP`, else the table's row estimate less the
+    ``others`` (the jobs of every other status)."""
+    counted = int(conn.execute(OK_COUNT_CAPPED, {"cap": OK_COUNT_CAP}).scalar_one())
+    if counted < OK_COUNT_CAP:
+        return OkCount(counted, True)
+    estimate = int(conn.execute(JOBS_ESTIMATE).scalar_one() or 0) - others
+    return OkCount(max(estimate, counted), False)
+
+
+def throughput(conn: Connection) -> list[Row]:
+    return _rows(conn, THROUGHPUT_LAST_HOUR)
+
+
+def oldest_due(conn: Connection, queues: list[str]) -> list[Row]:
+    return _rows(conn, QUEUE_OLDEST_DUE, {"queues": queues})
+
+
+def manual_steps(conn: Connection, limit: int = 10) -> tuple[int, list[Row]]:
+    count = int(conn.execute(MANUAL_STEPS_OPEN_COUNT).scalar_one())
+    return count, _rows(conn, MANUAL_STEPS_OPEN, {"limit": limit})
+
+
+def workers_connected(conn: Connection) -> list[Row]:
+    return _rows(conn, WORKERS_CONNECTED)
+
+
+def workers_busy(conn: Connection) -> list[Row]:
+    return _rows(conn, WORKERS_BUSY)
+
+
+def stranded(conn: Connection, grace: float, limit: int = 20) -> list[Row]:
+    return _rows(conn, JOBS_STRANDED, {"grace": grace, "limit": limit})
+
+
+# -- jobs list -------------------------------------------------------------------------------
+
+
+@dataclass
+class JobFilter:
+    """The list's filters; None means any."""
+
+    statuses: list[str] | None = None
+    queue: str | None = None
+    workflow: str | None = None
+    tags_json: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+@dataclass
+class Page:
+    rows: list[Row]
+    before: int  # the cursor this page was read below
+    floor: int  # the lowest id this page looked at
+    next_before: int | None  # the cursor of the next (older) page, None at the end
+    full: bool  # the page holds as many rows as asked
+
+
+def first_id_created_at_or_after(conn: Connection, when: datetime) -> int | None:
+    """The first id whose job was created at or after ``when``, by bisecting the primary
+    key (ids are handed out in creation order); None when every job is older."""
+    low, high = conn.execute(JOB_ID_RANGE).one()
+    if low is None:
+        return None
+    lo, hi = int(low), int(high) + 1
+    while lo < hi:  # find the smallest x whose first job at or after x is new enough
+        mid = (lo + hi) // 2
+        row = conn.execute(JOB_AT_OR_AFTER, {"id": mid}).first()
+        if row is None or row.created_at >= when:
+            hi = mid
+        else:
+            lo = mid + 1
+    row = conn.execute(JOB_AT_OR_AFTER, {"id": lo}).first()
+    return None if row is None else int(row.id)
+
+
+def _bounds(conn: Connection, flt: JobFilter, before: int | None) -> tuple[int, int]:
+    """The id range [floor, before) the filter's age allows below the cursor."""
+    top = int(conn.execute(JOB_ID_RANGE).one()[1] or 0) + 1
+    upper = top if before is None else min(before, top)
+    floor = 0
+    if flt.created_before is not None:
+        cut = first_id_created_at_or_after(conn, flt.created_before)
+        if cut is not None:
+            upper = min(upper, cut)
+    if flt.created_after is not None:
+        cut = first_id_created_at_or_after(conn, flt.created_after)
+        floor = upper if cut is None else cut
+    return floor, upper
+
+
+def _windowed(flt: JobFilter) -> bool:
+    """Whether a page must stop after :data:`LIST_WINDOW` ids. Filters on statuses other
+    than ok are served by partial indexes; everything else walks the primary key."""
+    narrowed = flt.statuses or flt.queue or flt.workflow or flt.tags_json
+    indexed = flt.statuses is not None and "ok" not in flt.statuses
+    return bool(narrowed) and not indexed
+
+
+def jobs_page(conn: Connection, flt: JobFilter, before: int | None, limit: int) -> Page:
+    """A page of jobs below the cursor ``before`` (newest first)."""
+    floor, upper = _bounds(conn, flt, before)
+    if _windowed(flt):
+        floor = max(floor, upper - LIST_WINDOW)
+    rows = _rows(
+        conn,
+        JOBS_PAGE,
+        {
+            "before": upper, "floor": floor, "statuses": flt.statuses, "queue": flt.queue,
+            "workflow": flt.workflow, "tags": flt.tags_json, "limit": limit,
+        },
+    )
+    full = len(rows) == limit
+    if full:
+        next_before: int | None = int(rows[-1].id)
+    else:
+        low = conn.execute(JOB_ID_RANGE).one()[0]
+        next_before = floor if low is not None and floor > int(low) else None
+    return Page(rows, upper, floor, next_before, full)
+
+
+# -- one job ---------------------------------------------------------------------------------
+
+
+def job(conn: Connection, job_id: int) -> Row | None:
+    rows = _rows(conn, JOB_BY_ID, {"id": job_id})
+    return rows[0] if rows else None
+
+
+def tree(conn: Connection, root_id: int) -> list[Row]:
+    return _rows(conn, JOB_TREE, {"root": root_id, "limit": TREE_LIMIT + 1})

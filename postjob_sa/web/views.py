@@ -1,0 +1,188 @@
+"""The pages: each reads what it shows (through ``queries``) and names its templates. A page is
+a layout plus named fragments; the page script refreshes the fragments on their own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+from werkzeug.datastructures import MultiDict
+from werkzeug.exceptions import NotFound
+
+from . import forms
+from . import queries as q
+from .charts import throughput_chart
+from .render import STATUS_ORDER
+
+Fragment = tuple[str, dict[str, Any]]  # (template, context)
+
+
+@dataclass
+class Screen:
+    """What a view hands the app: the page template and its live fragments."""
+
+    template: str
+    title: str
+    context: dict[str, Any] = field(default_factory=dict)
+    fragments: dict[str, Fragment] = field(default_factory=dict)
+
+
+@dataclass
+class Settings:
+    #: seconds between live refreshes (0: none)
+    refresh: float = 2.0
+    #: how long a due job waits before the overview calls it stranded
+    stuck_after: float = 60.0
+    page_size: int = 50
+
+
+# -- overview --------------------------------------------------------------------------------
+
+
+@dataclass
+class QueueLine:
+    queue: str
+    jobs: dict[str, int] = field(default_factory=dict)
+    due: int = 0
+    ok_last_hour: int = 0
+
+
+def _queue_lines(counts: list[q.Row], flow: list[q.Row]) -> tuple[list[QueueLine], QueueLine]:
+    lines: dict[str, QueueLine] = {}
+    total = QueueLine("all queues")
+    for r in counts:
+        line = lines.setdefault(r.queue, QueueLine(r.queue))
+        for target in (line, total):
+            target.jobs[r.status] = target.jobs.get(r.status, 0) + int(r.jobs)
+            target.due += int(r.due)
+    for r in flow:
+        if r.status == "ok":
+            line = lines.setdefault(r.queue, QueueLine(r.queue))
+            line.ok_last_hour += int(r.jobs)
+            total.ok_last_hour += int(r.jobs)
+    return sorted(lines.values(), key=lambda x: x.queue), total
+
+
+@dataclass
+class WorkerLine:
+    identifier: str
+    connections: list[q.Row] = field(default_factory=list)
+    jobs: int = 0
+    since: datetime | None = None
+    lease_expires_at: datetime | None = None
+
+
+def _worker_lines(connected: list[q.Row], busy: list[q.Row]) -> list[WorkerLine]:
+    lines: dict[str, WorkerLine] = {}
+    for r in connected:
+        lines.setdefault(r.identifier, WorkerLine(r.identifier)).connections.append(r)
+    for r in busy:
+        line = lines.setdefault(r.identifier, WorkerLine(r.identifier))
+        line.jobs, line.since, line.lease_expires_at = int(r.jobs), r.since, r.lease_expires_at
+    return sorted(lines.values(), key=lambda w: w.identifier)
+
+
+def overview(conn: Connection, settings: Settings) -> Screen:
+    counts = q.queue_status_counts(conn)
+    ok = q.ok_count(conn, sum(int(r.jobs) for r in counts))
+    flow = q.throughput(conn)
+    lines, total = _queue_lines(counts, flow)
+    workers = _worker_lines(q.workers_connected(conn), q.workers_busy(conn))
+    manual_count, manual = q.manual_steps(conn)
+    up = sum(1 for w in workers if w.connections)
+    return Screen(
+        "overview.html",
+        "Overview",
+        fragments={
+            "queues": ("fragments/queues.html", {
+                "lines": lines, "total": total, "ok": ok, "columns": STATUS_ORDER[:-1],
+            }),
+            "throughput": ("fragments/throughput.html", {"chart": throughput_chart(flow)}),
+            "waiting": ("fragments/waiting.html", {
+                "oldest": q.oldest_due(conn, [x.queue for x in lines if x.due]),
+                "due": {x.queue: x.due for x in lines}, "manual": manual, "manual_count": manual_count,
+            }),
+            "workers": ("fragments/workers.html", {"workers": workers, "up": up}),
+            "stranded": ("fragments/stranded.html", {
+                "groups": q.stranded(conn, settings.stuck_after), "up": up,
+                "stuck_after": settings.stuck_after,
+            }),
+        },
+    )
+
+
+# -- jobs list -------------------------------------------------------------------------------
+
+
+def jobs(conn: Connection, args: MultiDict[str, str], settings: Settings) -> Screen:
+    """The list; InvalidArgument for a malformed filter (the app shows it on the page)."""
+    query = forms.list_query(args)
+    before = forms.cursor(args)
+    page = q.jobs_page(conn, query.to_filter(q.db_now(conn)), before, settings.page_size)
+    return Screen(
+        "jobs.html",
+        "Jobs",
+        context={"query": query, "statuses": forms.STATUSES, "ages": list(forms.AGES)},
+        fragments={
+            "rows": ("fragments/job_rows.html", {
+                "page": page, "query": query, "first_page": before is None,
+            }),
+        },
+    )
+
+
+# -- one job ---------------------------------------------------------------------------------
+
+
+#: Deeper jobs are drawn at this indentation (their full_id still says where they are).
+MAX_INDENT = 12
+
+
+@dataclass
+class Node:
+    """A job of a tree and its depth (the root is 0)."""
+
+    row: q.Row
+    depth: int
+
+    @property
+    def indent(self) -> int:
+        return min(self.depth, MAX_INDENT)
+
+
+def _tree(rows: list[q.Row], root_id: int) -> tuple[list[Node], bool]:
+    """The tree in display order (depth first, children by id); whether it was cut."""
+    cut = len(rows) > q.TREE_LIMIT
+    by_parent: dict[int | None, list[q.Row]] = {}
+    for r in rows[: q.TREE_LIMIT]:
+        by_parent.setdefault(None if r.id == root_id else r.parent_id, []).append(r)
+    out: list[Node] = []
+    stack = [(r, 0) for r in reversed(by_parent.get(None, []))]
+    while stack:
+        row, depth = stack.pop()
+        out.append(Node(row, depth))
+        stack.extend((c, depth + 1) for c in reversed(by_parent.get(row.id, [])))
+    return out, cut
+
+
+def job(conn: Connection, job_id: int) -> Screen:
+    row = q.job(conn, job_id)
+    if row is None:
+        raise NotFound(f"no job has the id {job_id}")
+    root_id = int(row.root_id or row.id)
+    nodes, cut = _tree(q.tree(conn, root_id), root_id)
+    awaited = {n.row.id: n.row for n in nodes}
+    return Screen(
+        "job.html",
+        f"Job {job_id}",
+        context={"job_id": job_id},
+        fragments={
+            "job": ("fragments/job_fields.html", {"job": row}),
+            "tree": ("fragments/job_tree.html", {
+                "nodes": nodes, "cut": cut, "current": job_id, "awaited": awaited,
+                "limit": q.TREE_LIMIT,
+            }),
+        },
+    )

@@ -1,0 +1,317 @@
+"""The dashboard's pages and actions against a real database, through a WSGI test client."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+from werkzeug.test import Client, TestResponse
+
+from postjob_sa import InvalidArgument, JobQueue
+from postjob_sa.web import create_app, queries
+from tests.web_data import XSS, Seeded, backdate, noop, seed
+
+TOKEN = "correct horse battery"
+
+
+@pytest.fixture
+def seeded(engine: Engine, clean: None) -> Seeded:
+    return seed(engine)
+
+
+@pytest.fixture
+def client(engine: Engine) -> Client:
+    return Client(create_app(engine))
+
+
+def status_of(engine: Engine, job_id: int) -> str:
+    with engine.connect() as conn:
+        return str(conn.execute(text("SELECT status::text FROM postjob.postjobs WHERE id = :i"),
+                                {"i": job_id}).scalar_one())
+
+
+def csrf(client: Client) -> str:
+    client.get("/")
+    cookie = client.get_cookie("postjob_csrf")
+    assert cookie is not None
+    return cookie.value
+
+
+def post(client: Client, path: str, data: dict[str, str] | None = None, **kwargs: object) -> TestResponse:
+    return client.post(path, data={"csrf": csrf(client), **(data or {})}, **kwargs)  # type: ignore[arg-type]
+
+
+def body(response: TestResponse) -> str:
+    return response.get_data(as_text=True)
+
+
+# -- pages -----------------------------------------------------------------------------------
+
+
+def test_overview_counts_queues_workers_and_waiting(client: Client, seeded: Seeded) -> None:
+    page = body(client.get("/"))
+    assert "Overview" in page
+    counts = page[page.index('data-fragment="queues"'):page.index('data-fragment="throughput"')]
+    assert ">q<" in counts and ">reports<" in counts
+    assert "ok jobs in all: 3" in page  # two labels and the pack
+    assert "failed 2" in page  # the throughput legend: flaky twice
+    assert "0</strong> workers connected" in page
+    assert "approve order" in page  # the manual step waits for a token
+    # due, but not for a minute yet: not stranded
+    assert "web.nobody_runs_this" not in page[page.index('data-fragment="stranded"'):]
+
+
+def test_overview_lists_jobs_no_running_worker_runs(client: Client, seeded: Seeded, engine: Engine) -> None:
+    backdate(engine, 120)
+    stranded = body(client.get("/")).split('data-fragment="stranded"', 1)[1]
+    assert "No worker is connected" in stranded
+    assert "web.nobody_runs_this" in stranded
+    assert "__manual__" not in stranded  # a manual step waits for a person, not a worker
+
+
+def test_jobs_list_filters(client: Client, seeded: Seeded) -> None:
+    def ids(query: str) -> list[int]:
+        response = client.get("/jobs" + query)
+        assert response.status_code == 200, body(response)
+        return [int(m) for m in re.findall(r'href="/jobs/(\d+)"', body(response).split("<table", 1)[1])]
+
+    assert ids("?status=failed") == [seeded.xss, seeded.failed]
+    assert ids("?status=sleep") == [seeded.order]
+    assert ids("?queue=reports") == [seeded.stranded]
+    assert ids("?workflow=web.label") == sorted(seeded.labels, reverse=True)
+    assert ids("?tag=customer:acme") == [seeded.order]
+    assert set(ids("?newer=5m")) >= {seeded.order, seeded.stranded}
+    assert ids("?older=1h") == []
+
+
+@pytest.mark.parametrize("query", ["?status=nope", "?tag=nocolon", "?newer=3m", "?before=x1", "?id=12a"])
+def test_jobs_list_rejects_bad_filters(client: Client, seeded: Seeded, query: str) -> None:
+    response = client.get("/jobs" + query)
+    assert response.status_code == 400
+    assert "problem" in body(response)
+
+
+def test_keyset_pages_cover_every_job_once(engine: Engine, clean: None) -> None:
+    with Session(engine) as s:
+        JobQueue(s).enqueue_many(noop, [[i] for i in range(7)])
+        s.commit()
+    app = create_app(engine)
+    app.settings.page_size = 3
+    client, seen, url = Client(app), [], "/jobs"
+    while url:
+        page = body(client.get(url))
+        seen += [int(m) for m in re.findall(r'<td class="num"><a href="/jobs/(\d+)"', page)]
+        more = re.search(r'href="(/jobs\?before=\d+)">older', page)
+        url = more.group(1) if more else ""
+    assert seen == sorted(seen, reverse=True) and len(seen) == len(set(seen)) == 7
+
+
+def test_a_narrow_filter_reads_a_bounded_window_and_offers_to_look_further(
+    engine: Engine, clean: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Session(engine) as s:
+        q = JobQueue(s)
+        rare = q.enqueue(noop, "rare", queue="rare").id
+        q.enqueue_many(noop, [[i] for i in range(10)])
+        s.commit()
+    monkeypatch.setattr(queries, "LIST_WINDOW", 4)
+    client = Client(create_app(engine))
+    page = body(client.get("/jobs?queue=rare"))
+    assert f'href="/jobs/{rare}"' not in page  # beyond the first window
+    hops = 0
+    while f'href="/jobs/{rare}"' not in page:
+        more = re.search(r'href="(/jobs\?[^"]*before=\d+)">search older ids', page)
+        assert more, page
+        page = body(client.get(more.group(1).replace("&amp;", "&")))
+        hops += 1
+    assert hops == 2  # ids 8-11, then 4-7, then 1-3
+
+
+def test_job_page_shows_fields_and_the_whole_tree(client: Client, seeded: Seeded) -> None:
+    page = body(client.get(f"/jobs/{seeded.labels[0]}"))  # a grandchild shows the whole tree
+    tree = page.split('data-fragment="tree"', 1)[1]
+    for job_id in (seeded.order, seeded.pack, *seeded.labels, seeded.manual):
+        assert f'href="/jobs/{job_id}">#{job_id}</a>' in tree
+    assert f'awaits <a href="/jobs/{seeded.manual}">#{seeded.manual}</a> manual step' in tree
+    assert "label-7-0.pdf" in tree
+    assert "indent-2 current" in tree  # the grandchild, highlighted
+    failed = body(client.get(f"/jobs/{seeded.failed}"))
+    assert "ConnectionError: could not reach the mail server" in failed
+    assert "in flaky" in failed  # the traceback
+    assert "1 failed of 1" in failed
+
+
+def test_manual_token_is_shown_only_to_who_may_act(engine: Engine, seeded: Seeded) -> None:
+    mounted = body(Client(create_app(engine)).get(f"/jobs/{seeded.order}"))
+    assert seeded.token in mounted and 'action="/resolve"' in mounted
+    for app in (create_app(engine, read_only=True), create_app(engine, token=TOKEN)):
+        page = body(Client(app).get(f"/jobs/{seeded.order}"))
+        assert seeded.token not in page and 'action="/resolve"' not in page
+
+
+def test_every_value_is_escaped(client: Client, seeded: Seeded) -> None:
+    for path in (f"/jobs/{seeded.xss}", "/jobs?status=failed"):
+        page = body(client.get(path))
+        assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in page
+        assert "<script>window" not in page and "<img src=x" not in page
+    assert XSS  # the payload is the one the browser test runs too
+
+
+def test_unknown_job_and_asset_are_404(client: Client, seeded: Seeded) -> None:
+    assert client.get("/jobs/999999").status_code == 404
+    assert client.get("/static/secrets.txt").status_code == 404
+    assert client.get("/jobs/99999999999999999999").status_code == 404
+
+
+def test_responses_carry_a_strict_content_security_policy(client: Client, seeded: Seeded) -> None:
+    response = client.get("/")
+    assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+    assert "'unsafe-inline'" not in response.headers["Content-Security-Policy"]
+    assert response.headers["X-Frame-Options"] == "DENY"
+    css = client.get("/static/dashboard.css")
+    assert css.status_code == 200 and css.mimetype == "text/css"
+    assert client.get("/static/dashboard.css", headers={"If-None-Match": css.headers["ETag"]}).status_code == 304
+
+
+def test_live_fragments_answer_304_until_something_changes(client: Client, seeded: Seeded, engine: Engine) -> None:
+    first = client.get(f"/jobs/{seeded.failed}?live=1")
+    assert first.status_code == 200
+    assert 'data-fragment="job"' in body(first) and "<html" not in body(first)
+    assert "X-Postjob-Now" in first.headers
+    etag = first.headers["ETag"]
+    assert client.get(f"/jobs/{seeded.failed}?live=1", headers={"If-None-Match": etag}).status_code == 304
+    with Session(engine) as s:
+        JobQueue(s).reset(seeded.failed)
+        s.commit()
+    again = client.get(f"/jobs/{seeded.failed}?live=1", headers={"If-None-Match": etag})
+    assert again.status_code == 200 and "ready" in body(again)
+
+
+# -- actions ---------------------------------------------------------------------------------
+
+
+def test_reset_and_force(client: Client, seeded: Seeded, engine: Engine) -> None:
+    response = post(client, f"/jobs/{seeded.failed}/reset")
+    assert response.status_code == 303
+    assert response.headers["Location"].endswith(f"/jobs/{seeded.failed}?done=reset")
+    assert status_of(engine, seeded.failed) == "ready"
+    assert "Reset: the job" in body(client.get(response.headers["Location"]))
+    assert post(client, f"/jobs/{seeded.failed}/force").status_code == 303
+    # JobQueue's own validation applies: an ok job cannot be forced
+    refused = post(client, f"/jobs/{seeded.labels[0]}/force")
+    assert refused.status_code == 409 and "only ready, err or sleep" in body(refused)
+    assert post(client, "/jobs/999999/reset").status_code == 404
+
+
+def test_an_error_page_links_back_only_within_the_site(client: Client, seeded: Seeded) -> None:
+    ok_job = f"/jobs/{seeded.labels[0]}"
+    mine = post(client, ok_job + "/force", headers={"Referer": "http://localhost" + ok_job})
+    assert mine.status_code == 409 and f'href="http://localhost{ok_job}">Back' in body(mine)
+    for referer in ("https://evil.example/phish", "javascript:alert(1)"):
+        page = body(post(client, ok_job + "/force", headers={"Referer": referer}))
+        assert "evil.example" not in page and "javascript:" not in page
+
+
+def test_actions_are_post_only(client: Client, seeded: Seeded) -> None:
+    assert client.get(f"/jobs/{seeded.failed}/reset").status_code == 405
+    assert client.get("/resolve").status_code == 405
+
+
+def test_an_action_without_csrf_proof_is_refused(client: Client, seeded: Seeded, engine: Engine) -> None:
+    csrf(client)
+    assert client.post(f"/jobs/{seeded.failed}/reset", data={}).status_code == 403
+    assert client.post(f"/jobs/{seeded.failed}/reset", data={"csrf": "x" * 43}).status_code == 403
+    stranger = Client(create_app(engine))  # a cookie-less forger who copied a field value
+    assert stranger.post(f"/jobs/{seeded.failed}/reset", data={"csrf": csrf(client)}).status_code == 403
+    cross = post(client, f"/jobs/{seeded.failed}/reset", headers={"Origin": "https://evil.example"})
+    assert cross.status_code == 403
+    site = post(client, f"/jobs/{seeded.failed}/reset", headers={"Sec-Fetch-Site": "cross-site"})
+    assert site.status_code == 403
+    assert status_of(engine, seeded.failed) == "failed"
+
+
+def test_read_only_refuses_every_action(engine: Engine, seeded: Seeded) -> None:
+    client = Client(create_app(engine, read_only=True))
+    page = body(client.get(f"/jobs/{seeded.failed}"))
+    assert "read-only" in page and "Reset</button>" not in page
+    refused = post(client, f"/jobs/{seeded.failed}/reset")
+    assert refused.status_code == 403 and "the dashboard is read-only" in body(refused)
+    assert status_of(engine, seeded.failed) == "failed"
+
+
+def test_with_a_token_actions_need_a_login_or_the_bearer(engine: Engine, seeded: Seeded) -> None:
+    client = Client(create_app(engine, token=TOKEN))
+    refused = post(client, f"/jobs/{seeded.failed}/reset")
+    assert refused.status_code == 403 and "log in" in body(refused)
+    assert status_of(engine, seeded.failed) == "failed"
+    assert post(client, "/login", {"token": "wrong token!"}).status_code == 403
+    assert post(client, f"/jobs/{seeded.failed}/reset").status_code == 403
+    assert post(client, "/login", {"token": TOKEN}).status_code == 303
+    session = client.get_cookie("postjob_session")
+    assert session is not None and TOKEN not in session.value  # an HMAC, not the secret
+    assert post(client, f"/jobs/{seeded.failed}/reset").status_code == 303
+    assert status_of(engine, seeded.failed) == "ready"
+    post(client, "/logout")
+    assert post(client, f"/jobs/{seeded.failed}/force").status_code == 403
+    scripted = Client(create_app(engine, token=TOKEN))
+    bearer = post(scripted, f"/jobs/{seeded.failed}/force", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert bearer.status_code == 303
+
+
+def test_resolve_with_a_value_wakes_the_parent(client: Client, seeded: Seeded, engine: Engine) -> None:
+    form = {"token": seeded.token, "value": '"ann"', "outcome": "value", "back": str(seeded.order)}
+    response = post(client, "/resolve", form)
+    assert response.status_code == 303
+    assert response.headers["Location"].endswith(f"/jobs/{seeded.order}?done=resolved")
+    assert status_of(engine, seeded.manual) == "ok"
+    assert status_of(engine, seeded.order) == "ready"
+    again = post(client, "/resolve", form)
+    assert again.status_code == 409 and "already ok" in body(again)
+
+
+def test_resolve_with_an_error_fails_the_step(client: Client, seeded: Seeded, engine: Engine) -> None:
+    form = {"token": seeded.token, "error": "not approved", "outcome": "error"}
+    assert post(client, "/resolve", form).status_code == 303
+    assert status_of(engine, seeded.manual) == "failed"
+
+
+@pytest.mark.parametrize(
+    ("form", "message"),
+    [
+        ({"value": "not json", "outcome": "value"}, "not JSON"),
+        ({"value": "", "outcome": "value"}, "give the step"),
+        ({"error": "", "outcome": "error"}, "give the error"),
+        ({"token": "", "value": "1"}, "token is missing"),
+        ({"token": "not-a-uuid", "value": "1"}, "not a token"),
+    ],
+)
+def test_resolve_rejects_bad_input(
+    client: Client, seeded: Seeded, engine: Engine, form: dict[str, str], message: str
+) -> None:
+    response = post(client, "/resolve", {"token": seeded.token, **form})
+    assert response.status_code == 400 and message in body(response)
+    assert status_of(engine, seeded.manual) == "ready"
+
+
+def test_create_app_rejects_bad_settings(engine: Engine) -> None:
+    with pytest.raises(InvalidArgument):
+        create_app(engine, token="short")
+    with pytest.raises(InvalidArgument):
+        create_app(engine, refresh=-1)
+
+
+def test_a_mounted_app_builds_links_under_its_path(engine: Engine, seeded: Seeded) -> None:
+    from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+    host = DispatcherMiddleware(lambda e, s: [], {"/ops/jobs": create_app(engine)})
+    client = Client(host)
+    page = body(client.get(f"/ops/jobs/jobs/{seeded.failed}"))
+    assert 'href="/ops/jobs/static/dashboard.css' in page
+    assert f'action="/ops/jobs/jobs/{seeded.failed}/reset"' in page
+    response = client.post(f"/ops/jobs/jobs/{seeded.failed}/reset",
+                           data={"csrf": client.get_cookie("postjob_csrf", path="/ops/jobs/").value})  # type: ignore[union-attr]
+    assert response.status_code == 303
+    assert response.headers["Location"].endswith(f"/ops/jobs/jobs/{seeded.failed}?done=reset")
+
