@@ -17,6 +17,7 @@ from postjob_sa.context import (
     current_session,
     manual,
     set_workflow_status,
+    set_workflow_status_async,
 )
 from postjob_sa.errors import (
     ChildFailed,
@@ -62,5 +63,6 @@ __all__ = [
     "migrate",
     "migrations",
     "set_workflow_status",
+    "set_workflow_status_async",
     "workflow",
 ]

@@ -7,22 +7,22 @@ job with ``ResultNotJSON``, and error text is escaped (NUL, lone surrogates) and
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
 from postjob_sa import _json
+from postjob_sa._signals import Abort
 from postjob_sa.context import Pending, _RunContext, enter, leave
 from postjob_sa.errors import LeaseLost, NonRecoverable, ResultNotJSON
 from postjob_sa.registry import Workflow
 
+log = logging.getLogger("postjob_sa.worker")
+
 MAX_MESSAGE_CHARS = 10_000
 MAX_FRAMES = 100
-
-
-class Abort(BaseException):
-    """Stops the running job at once (a second SIGINT/SIGTERM); the job is released."""
 
 
 @dataclass
@@ -77,55 +77,104 @@ def _error_outcome(ctx: _RunContext, wf: Workflow[Any, Any], kind: str, exc: Bas
 
 
 def run_job(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
-    """Call the workflow with the job's args inside the job context. Never raises but
+    """Call a (sync) workflow with the job's args inside the job context. Never raises but
     :class:`Abort`: an interruption comes back as an outcome that carries it."""
     token = enter(ctx)
     started = time.monotonic()
     try:
-        outcome = _run(ctx, wf)
+        try:
+            value = wf.fn(ctx.session, *ctx.job.args) if wf.transactional else wf.fn(*ctx.job.args)
+        except (Abort, LeaseLost):
+            raise
+        except BaseException as exc:
+            outcome = _from_error(ctx, wf, exc, _flush(ctx))
+        else:
+            outcome = _from_value(ctx, wf, value, _flush(ctx) if ctx.pending else None)
     except LeaseLost:
         outcome = Outcome(ctx.job.id, ctx.job.lease_token, "lost", version=wf.version)
     finally:
         leave(token)
+    return _stamped(outcome, ctx, started)
+
+
+async def run_job_async(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
+    """Await an ``async def`` workflow inside the job context (a task of its own, so the
+    context is the task's); the same outcomes as :func:`run_job`. A cancelled task hands its
+    job back (an outcome of kind ``release`` that carries the CancelledError)."""
+    token = enter(ctx)
+    started = time.monotonic()
+    try:
+        try:
+            args = ctx.job.args
+            value = await (wf.fn(ctx.session, *args) if wf.transactional else wf.fn(*args))
+        except (Abort, LeaseLost):
+            raise
+        except BaseException as exc:
+            outcome = _from_error(ctx, wf, exc, await _flush_async(ctx))
+        else:
+            flush_error = await _flush_async(ctx) if ctx.pending else None
+            outcome = _from_value(ctx, wf, value, flush_error)
+    except LeaseLost:
+        outcome = Outcome(ctx.job.id, ctx.job.lease_token, "lost", version=wf.version)
+    finally:
+        leave(token)
+    return _stamped(outcome, ctx, started)
+
+
+def _stamped(outcome: Outcome, ctx: _RunContext, started: float) -> Outcome:
     outcome.workflow = ctx.job.workflow
     outcome.duration = time.monotonic() - started
     return outcome
 
 
-def _run(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
-    job = ctx.job
+def _flush(ctx: _RunContext) -> Exception | None:
+    """Create the children the run spawned; the error if that failed (LeaseLost propagates)."""
     try:
-        if wf.transactional:
-            value = wf.fn(ctx.session, *job.args)
-        else:
-            value = wf.fn(*job.args)
-    except Pending as pending:
-        try:
-            ctx.flush_children()
-        except Exception as exc:  # the children could not be written: retry the run
-            return _error_outcome(ctx, wf, "err", exc)
-        return Outcome(job.id, job.lease_token, "sleep", version=wf.version, awaiting=pending.child_id)
-    except (LeaseLost, Abort):
+        ctx.flush_children()
+    except LeaseLost:
         raise
-    except NonRecoverable as exc:
-        return _error_outcome(ctx, wf, "failed", exc)
     except Exception as exc:
-        _keep_children(ctx)
+        log.warning("job %s: could not create the children it spawned: %s", ctx.job.id, exc)
+        return exc
+    return None
+
+
+async def _flush_async(ctx: _RunContext) -> Exception | None:
+    try:
+        await ctx.flush_children_async()
+    except LeaseLost:
+        raise
+    except Exception as exc:
+        log.warning("job %s: could not create the children it spawned: %s", ctx.job.id, exc)
+        return exc
+    return None
+
+
+def _from_error(ctx: _RunContext, wf: Workflow[Any, Any], exc: BaseException,
+                flush_error: Exception | None) -> Outcome:
+    """The outcome of a run that raised ``exc`` (its spawned children already flushed)."""
+    job = ctx.job
+    if isinstance(exc, Pending):
+        if flush_error is not None:  # the children could not be written: retry the run
+            return _error_outcome(ctx, wf, "err", flush_error)
+        return Outcome(job.id, job.lease_token, "sleep", version=wf.version, awaiting=exc.child_id)
+    if isinstance(exc, NonRecoverable):
+        return _error_outcome(ctx, wf, "failed", exc)
+    if isinstance(exc, Exception):
         return _error_outcome(ctx, wf, "err", exc)
-    except (KeyboardInterrupt, asyncio.CancelledError) as exc:
+    if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
         # interrupted from outside: back to ready, no attempt counted
-        _keep_children(ctx)
         return Outcome(job.id, job.lease_token, "release", version=wf.version, interrupt=exc)
-    except BaseException as exc:  # SystemExit and the like: the job's own doing, an attempt
-        _keep_children(ctx)
-        outcome = _error_outcome(ctx, wf, "err", exc)
-        outcome.interrupt = exc
-        return outcome
-    if ctx.pending:
-        try:
-            ctx.flush_children()
-        except Exception as exc:
-            return _error_outcome(ctx, wf, "err", exc)
+    outcome = _error_outcome(ctx, wf, "err", exc)  # SystemExit and the like: an attempt
+    outcome.interrupt = exc
+    return outcome
+
+
+def _from_value(ctx: _RunContext, wf: Workflow[Any, Any], value: Any,
+                flush_error: Exception | None) -> Outcome:
+    job = ctx.job
+    if flush_error is not None:
+        return _error_outcome(ctx, wf, "err", flush_error)
     if value is None:
         return Outcome(job.id, job.lease_token, "ok", result="[null]", version=wf.version)
     try:
@@ -134,16 +183,6 @@ def _run(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
         err = ResultNotJSON(f"the workflow returned a value that cannot be stored as JSON: {exc}")
         return _error_outcome(ctx, wf, "failed", err)
     return Outcome(job.id, job.lease_token, "ok", result=result, version=wf.version)
-
-
-def _keep_children(ctx: _RunContext) -> None:
-    """Children spawned before an error are created (the retry finds them)."""
-    try:
-        ctx.flush_children()
-    except LeaseLost:
-        raise
-    except Exception:
-        pass  # the run failed anyway; its retry spawns them again
 
 
 def finish_params(outcomes: list[Outcome], fast: bool) -> dict[str, Any]:

@@ -66,12 +66,12 @@ CHILD_BY_KEY = (
     "AND workflow = %(workflow)s::varchar AND workflow_method = 'run' AND args = %(args)s::jsonb"
 )
 
-MANUAL_TOKEN = "SELECT postjob.manual_token(%(job_id)s::bigint)"
+MANUAL_TOKEN = "SELECT postjob.manual_token(%(job_id)s::bigint)::text AS token"
 
 #: False when the run no longer holds the job's lease.
 WORKFLOW_STATUS_SET = (
     "SELECT postjob.set_workflow_status(%(job_id)s::bigint, %(lease_token)s::bigint, "
-    "%(status)s::varchar)"
+    "%(status)s::varchar) AS accepted"
 )
 
 # -- schema checks (the worker, the CLI and migrate) --------------------------------------------

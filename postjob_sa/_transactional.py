@@ -11,14 +11,16 @@ checkout) or nothing of the run commits.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from postjob_sa import _sql
 from postjob_sa._db import Conn, check_driver
-from postjob_sa._executor import Outcome, error_name, finish_params, run_job
+from postjob_sa._executor import Outcome, error_name, finish_params, run_job, run_job_async
 from postjob_sa._recorder import log_outcome
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.errors import InvalidJobState
@@ -38,6 +40,7 @@ class TransactionalRunner:
         self.registry = registry
         self.lease = lease
         self.fast_mode = fast_mode
+        self._async: AsyncEngine | None = None
 
     def step(self, checkout: dict[str, Any]) -> int | None:
         """Run one job; its id once its outcome is committed, None if none was due."""
@@ -53,54 +56,143 @@ class TransactionalRunner:
                 accepted = conn.execute(
                     _sql.JOB_FINISH, finish_params([outcome], self.fast_mode)
                 ).scalar_one()
-                if job.id not in accepted:
-                    # the run undid the checkout (a raw ROLLBACK on the connection): commit
-                    # nothing of it, and stop rather than run the job again and again
-                    trans.rollback()
-                    raise InvalidJobState(
-                        f"{outcome.describe()}: {_UNDONE}; nothing of it was committed")
+                _check_accepted(job, outcome, accepted, trans.rollback)
                 status = conn.execute(_sql.JOB_EXISTS, {"id": job.id}).scalar_one()
                 trans.commit()
             except BaseException:
                 if trans.is_active:
                     trans.rollback()
                 raise
-        log_outcome(outcome, str(status))
-        if outcome.interrupt is not None:
-            raise outcome.interrupt
-        return job.id
+        return _ended(job, outcome, status)
 
     def _run(self, conn: Connection, job: RunningJob) -> Outcome:
-        wf = self.registry.get(job.workflow)
-        assert wf is not None
+        wf = self.registry.workflows[job.workflow]
         writes = conn.begin_nested()  # every write of the job, whatever it commits itself
         session = Session(bind=conn, join_transaction_mode="create_savepoint")
         dbapi = conn.connection.dbapi_connection
         ctx = _RunContext(job, db=Conn.borrow(dbapi, self.driver), session=session)
         try:
             outcome = run_job(ctx, wf)
-            if outcome.kind in ("ok", "sleep"):
+            if outcome.kind in _KEPT:
                 session.commit()  # what the workflow left pending belongs to its result
         except Exception as exc:  # the session could not commit: the job's writes are broken
-            outcome = Outcome(job.id, job.lease_token, "err", error=error_name(exc),
-                              message=f"the job's writes could not be committed: {exc}",
-                              version=wf.version, workflow=job.workflow)
+            outcome = _not_committed(job, wf.version, exc)
         finally:
             session.close()
-        if outcome.kind in ("ok", "sleep") and writes.is_active:
+        if outcome.kind in _KEPT and writes.is_active:
             try:
                 writes.commit()
                 return outcome
             except Exception as exc:
-                outcome = Outcome(job.id, job.lease_token, "err", error=error_name(exc),
-                                  message=f"the job's writes could not be committed: {exc}",
-                                  version=wf.version, workflow=job.workflow)
+                outcome = _not_committed(job, wf.version, exc)
         try:
             if writes.is_active:
                 writes.rollback()
         except Exception as exc:
-            raise InvalidJobState(
-                f"{outcome.describe()}: {_UNDONE}; nothing of it was committed") from exc
-        if outcome.kind == "lost":  # cannot happen while we hold the row; be safe
-            outcome = Outcome(job.id, job.lease_token, "release", workflow=job.workflow)
-        return outcome
+            raise InvalidJobState(f"{outcome.describe()}: {_UNDONE}; nothing of it was committed") from exc
+        return _no_lost(outcome)
+
+    # -- async def workflows: the same, on an async connection on the event loop of jobs -------
+
+    async def step_async(self, checkout: dict[str, Any]) -> int | None:
+        """:meth:`step` for ``async def`` workflows (runs on the worker's event loop)."""
+        async with self._async_engine().connect() as conn:
+            trans = await conn.begin()
+            try:
+                row = (await conn.execute(_sql.JOB_CHECKOUT, checkout)).mappings().first()
+                if row is None:
+                    await trans.rollback()
+                    return None
+                job = RunningJob(**{f: row[f] for f in RunningJob._fields})
+                outcome = await self._run_async(conn, job)
+                accepted = (await conn.execute(
+                    _sql.JOB_FINISH, finish_params([outcome], self.fast_mode))).scalar_one()
+                if job.id not in accepted:
+                    await trans.rollback()
+                _check_accepted(job, outcome, accepted, lambda: None)
+                status = (await conn.execute(_sql.JOB_EXISTS, {"id": job.id})).scalar_one()
+                await trans.commit()
+            except BaseException:
+                if trans.is_active:
+                    await trans.rollback()
+                raise
+        return _ended(job, outcome, status)
+
+    async def _run_async(self, conn: AsyncConnection, job: RunningJob) -> Outcome:
+        wf = self.registry.workflows[job.workflow]
+        writes = await conn.begin_nested()
+        session = AsyncSession(bind=conn, join_transaction_mode="create_savepoint")
+        ctx = _RunContext(job, adb=_AsyncConnDb(conn), session=session)
+        try:
+            outcome = await run_job_async(ctx, wf)
+            if outcome.kind in _KEPT:
+                await session.commit()
+        except Exception as exc:
+            outcome = _not_committed(job, wf.version, exc)
+        finally:
+            await session.close()
+        if outcome.kind in _KEPT and writes.is_active:
+            try:
+                await writes.commit()
+                return outcome
+            except Exception as exc:
+                outcome = _not_committed(job, wf.version, exc)
+        try:
+            if writes.is_active:
+                await writes.rollback()
+        except Exception as exc:
+            raise InvalidJobState(f"{outcome.describe()}: {_UNDONE}; nothing of it was committed") from exc
+        return _no_lost(outcome)
+
+    def _async_engine(self) -> AsyncEngine:
+        """Async connections to the worker's database (psycopg 3), made once."""
+        if self._async is None:
+            self._async = create_async_engine(self.engine.url.set(drivername="postgresql+psycopg"))
+        return self._async
+
+    async def close_async(self) -> None:
+        if self._async is not None:
+            await self._async.dispose()
+            self._async = None
+
+
+_KEPT = ("ok", "sleep")  # outcomes whose writes commit with them
+
+
+class _AsyncConnDb:
+    """The job context's statements on the async connection of its transaction."""
+
+    def __init__(self, conn: AsyncConnection):
+        self.conn = conn
+
+    async def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        result = await self.conn.exec_driver_sql(sql, dict(params or {}))
+        return [dict(r) for r in result.mappings()] if result.returns_rows else []
+
+
+def _not_committed(job: RunningJob, version: str, exc: Exception) -> Outcome:
+    return Outcome(job.id, job.lease_token, "err", error=error_name(exc),
+                   message=f"the job's writes could not be committed: {exc}",
+                   version=version, workflow=job.workflow)
+
+
+def _no_lost(outcome: Outcome) -> Outcome:
+    if outcome.kind == "lost":  # cannot happen while we hold the row; be safe
+        return Outcome(outcome.job_id, outcome.lease_token, "release", workflow=outcome.workflow)
+    return outcome
+
+
+def _check_accepted(job: RunningJob, outcome: Outcome, accepted: list[int],
+                    rollback: Callable[[], None]) -> None:
+    if job.id not in accepted:
+        # the run undid the checkout (a raw ROLLBACK on the connection): commit nothing of
+        # it, and stop rather than run the job again and again
+        rollback()
+        raise InvalidJobState(f"{outcome.describe()}: {_UNDONE}; nothing of it was committed")
+
+
+def _ended(job: RunningJob, outcome: Outcome, status: Any) -> int:
+    log_outcome(outcome, str(status))
+    if outcome.interrupt is not None:
+        raise outcome.interrupt
+    return job.id

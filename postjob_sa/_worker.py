@@ -3,31 +3,30 @@
 A worker is built from an engine, a registry and :class:`WorkerOptions`; it owns its connections
 (taken from the engine, see ``_db``) and never reads the caller's session. Lease mode (the
 default): a checkout commits at once and hands each job a lease and a fencing token; the job runs
-outside any transaction; outcomes are recorded in batches with the next checkout (``_recorder``),
-and the keeper thread (``_keeper``) beats and records what would otherwise wait. Transactional
-mode runs one job per transaction (``_transactional``).
+outside any transaction; outcomes are recorded in batches with the next checkout (``_recorder``)
+and the keeper (``_keeper``) beats and records what would otherwise wait. With ``concurrency``
+above one, up to that many jobs run at once (``_runner``): the loop keeps the slots filled.
+Transactional mode runs one job per transaction (``_transactional``), one at a time.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
 from sqlalchemy import Engine
 
 from postjob_sa import _sql
 from postjob_sa._db import Conn, Failure, close_quietly, failure, worker_identifier
-from postjob_sa._executor import Abort, Outcome, run_job
+from postjob_sa._executor import Outcome, run_job, run_job_async
 from postjob_sa._keeper import Keeper
 from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
 from postjob_sa._recorder import Recorder
+from postjob_sa._runner import JobLoop, Slots
+from postjob_sa._signals import Abort, Stopper, WakeUp
 from postjob_sa._transactional import TransactionalRunner
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.registry import Registry
@@ -46,10 +45,9 @@ REAP_INTERVAL = 1.0
 MISS_DELAYS = (0.0, 0.02, 0.1, 0.25, 0.5, 1.0)
 #: Deadlocks met by a checkout in a row before the worker gives up.
 TRANSIENT_LIMIT = 10
-
-
-class _WakeUp(BaseException):
-    """Breaks a wait when a stop is requested."""
+#: With all slots busy and more work due, the loop refills when a quarter of the slots are
+#: free, or this long after the first one freed up: one round trip serves several jobs.
+REFILL_WINDOW = 0.002
 
 
 @dataclass
@@ -67,6 +65,8 @@ class WorkerOptions:
     handle_signals: bool = True
     #: run every job in transactional mode (``JobQueue.step(transactional=True)``)
     transactional: bool = False
+    #: jobs at once in this worker (threads for sync workflows, tasks for async ones)
+    concurrency: int = 1
 
 
 class Worker:
@@ -78,10 +78,16 @@ class Worker:
         self.opts = options
         if options.transactional:
             self.lease_pairs: tuple[list[str], list[str]] = ([], [])
-            self.tx_pairs = registry.pairs(options.workflows)
+            tx = None
         else:
             self.lease_pairs = registry.pairs(options.workflows, transactional=False)
-            self.tx_pairs = registry.pairs(options.workflows, transactional=True)
+            tx = True
+        # transactional jobs: sync ones on a connection of the worker's, async ones on an
+        # async connection on the event loop (their checkout already needs the right one)
+        self.tx_pairs_sync = registry.pairs(options.workflows, transactional=tx, is_async=False)
+        self.tx_pairs_async = registry.pairs(options.workflows, transactional=tx, is_async=True)
+        self.tx_pairs = (self.tx_pairs_sync[0] + self.tx_pairs_async[0],
+                         self.tx_pairs_sync[1] + self.tx_pairs_async[1])
         self.recorder = Recorder(fast_mode=options.fast_mode, lease=options.lease)
         self.keeper = Keeper(
             engine, self.recorder, lease=options.lease, identifier=options.identifier,
@@ -90,32 +96,51 @@ class Worker:
         )
         self.tx_runner = TransactionalRunner(engine, registry, lease=options.lease,
                                              fast_mode=options.fast_mode)
+        self.slots = (Slots(options.concurrency, engine, self.job_loop, self._on_done)
+                      if options.concurrency > 1 else None)
+        self.stopper = Stopper()
         self.conn: Conn | None = None
-        self.ran = 0  # runs finished (recorded or not yet)
+        self.started = 0  # jobs handed to a run
+        self.ran = 0  # runs that ended
         self.tx_recorded = 0
         self.last_job_id: int | None = None
-        self.stop_requested = False
+        self._count_lock = threading.Lock()
+        self._job_loop: JobLoop | None = None
+        self._interrupt: BaseException | None = None
         self._last_reap = float("-inf")
         self._busy = True  # the first checkout reaps
         self._idle_reaped = False  # reaped since the last job ran (drain: then it is done)
         self._misses = 0
-        self._in_job = False
-        self._waiting = False
-        self._signals = 0
+        self._backlog = False  # the last checkout filled every free slot
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stopper.requested
+
+    def job_loop(self) -> JobLoop:
+        """The event loop of async jobs, started when the first one comes."""
+        if self._job_loop is None:
+            self._job_loop = JobLoop()
+        return self._job_loop
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def run(self) -> int:
         """Work until told to stop; returns how many runs were recorded."""
-        with self._signal_handlers():
+        with self.stopper.handlers(self.opts.handle_signals):
             try:
                 self._connect()
                 assert self.conn is not None
                 self.keeper.register(self.conn)
                 self.keeper.start()
                 self._loop()
+                self._finish_running()
+            except Abort:
+                self._hand_back_running()
             finally:
                 self._shutdown()
+        if self._interrupt is not None:
+            raise self._interrupt
         return self.recorder.recorded + self.tx_recorded
 
     def _connect(self) -> None:
@@ -145,9 +170,18 @@ class Worker:
                         "their lease ends): %s", len(self.recorder.take()), exc)
         self.keeper.unregister(self.conn)
         self._disconnect()
+        if self.slots is not None:
+            self.slots.close()
+        if self._job_loop is not None:
+            try:
+                self._job_loop.submit(self.tx_runner.close_async()).result(timeout=5)
+            except Exception as exc:  # its connections close with the process
+                log.debug("closing the async engine: %s", exc)
+            self._job_loop.close()
 
     def _done(self) -> bool:
-        return self.stop_requested or (self.opts.count is not None and self.ran >= self.opts.count)
+        count = self.opts.count
+        return self.stop_requested or (count is not None and self.started >= count)
 
     def _loop(self) -> None:
         failures = 0
@@ -159,21 +193,22 @@ class Worker:
                 self.keeper.beat_if_due(self.conn)
                 did = self._transactional_step() if self.tx_pairs[0] else 0
                 if self.lease_pairs[0] and not self._done():
-                    did += self._lease_batch()
+                    did += self._fill_slots() if self.slots else self._lease_batch()
                 failures = transient = 0
                 if did:
                     self._misses = 0
                     self._idle_reaped = False
                     continue
                 if self.opts.until_idle:
+                    if self.slots is not None and self.slots.busy:
+                        self._wait_for_slots(self.slots.size)  # their children may be due next
+                        continue
                     if self._idle_reaped:
                         return
                     self._reap()
                     continue
                 self._wait()
-            except Abort:
-                return
-            except _WakeUp:
+            except WakeUp:
                 continue
             except Exception as exc:
                 kind = failure(exc)
@@ -192,13 +227,13 @@ class Worker:
                 self._sleep(delay)
 
     def _sleep(self, seconds: float) -> None:
-        self._waiting = True
+        self.stopper.waiting = True
         try:
             time.sleep(seconds)
-        except _WakeUp:
+        except WakeUp:
             pass
         finally:
-            self._waiting = False
+            self.stopper.waiting = False
 
     # -- waiting -----------------------------------------------------------------------------
 
@@ -220,38 +255,35 @@ class Worker:
         if reap:
             self._last_reap = now
         ttnj = self.conn.scalar(_sql.WORKER_IDLE, self._idle_params(reap))
-        if ttnj is not None and ttnj <= 0:
+        if ttnj is not None and ttnj <= 0 and (self.slots is None or self.slots.free):
             # due now, yet the checkout found nothing to take: its row is locked by another
             # transaction (or it just became due); look again, less and less often
             timeout = MISS_DELAYS[min(self._misses, len(MISS_DELAYS) - 1)]
             self._misses += 1
         else:
             self._misses = 0
-            timeout = WAIT_CAP if ttnj is None else min(float(ttnj), WAIT_CAP)
+            timeout = WAIT_CAP if ttnj is None else min(max(float(ttnj), 0.0), WAIT_CAP)
         timeout = min(timeout, self.keeper.seconds_to_beat())
         if timeout <= 0 or self.stop_requested:
             return
-        self._waiting = True
+        self.stopper.waiting = True
         try:
             self.conn.wait(timeout)
-        except _WakeUp:
+        except WakeUp:
             pass
         finally:
-            self._waiting = False
+            self.stopper.waiting = False
 
-    # -- lease mode --------------------------------------------------------------------------
+    # -- lease mode, one job at a time -------------------------------------------------------
 
-    def _remaining(self) -> int:
-        limit = self.opts.batch
+    def _remaining(self, limit: int) -> int:
         if self.opts.count is not None:
-            limit = min(limit, self.opts.count - self.ran)
+            limit = min(limit, self.opts.count - self.started)
         return max(limit, 1)
 
-    def _lease_batch(self) -> int:
-        """Record the buffered outcomes and check out the next jobs (one round trip), then
-        run them one after the other."""
+    def _checkout(self, limit: int) -> list[RunningJob]:
+        """Record the buffered outcomes and check out up to ``limit`` jobs: one round trip."""
         assert self.conn is not None
-        limit = self._remaining()
         now = time.monotonic()
         # a busy worker reaps now and then; after a wait (not busy) the wait just did
         reap = self._busy and now - self._last_reap >= REAP_INTERVAL
@@ -267,44 +299,69 @@ class Worker:
         self._busy = bool(rows)
         if not rows:
             self._idle_reaped = self._idle_reaped or reap
-            return 0
         jobs = [RunningJob(**{f: r[f] for f in RunningJob._fields}) for r in rows]
         self.keeper.hold((j.id, j.lease_token) for j in jobs if j.lease_token is not None)
+        self.started += len(jobs)
+        return jobs
+
+    def _lease_batch(self) -> int:
+        """Check out a batch and run its jobs one after the other, in this thread."""
+        jobs = self._checkout(self._remaining(self.opts.batch))
         for index, job in enumerate(jobs):
             if self.stop_requested:
                 self._release(jobs[index:])
                 break
             outcome = self._run_one(job, jobs[index + 1 :])
-            self.ran += 1
-            if outcome.kind == "lost":
-                log.warning("%s: lease lost during the run (reaped, reset or resolved "
-                            "meanwhile): the run is abandoned", outcome.describe())
-                self.keeper.release([job.id])
-                continue
-            self.recorder.add(outcome)
-            self.keeper.nudge()
-            if outcome.interrupt is not None:
-                log.warning("%s: interrupted by %s: recording it and handing back the rest of "
-                            "the batch", outcome.describe(), type(outcome.interrupt).__name__)
+            self._on_done(job, outcome)
+            if self._interrupt is not None:
                 self._release(jobs[index + 1 :])
                 self._flush()
-                raise outcome.interrupt
+                raise self._take_interrupt()
         return len(jobs)
 
     def _run_one(self, job: RunningJob, rest: list[RunningJob]) -> Outcome:
         wf = self.registry.workflows[job.workflow]
         assert self.conn is not None
-        self._in_job = True
+        ctx = _RunContext(job, db=self.conn)
+        self.stopper.in_job = True
+        future = None
         try:
-            return run_job(_RunContext(job, db=self.conn), wf)
+            if not wf.is_async:
+                return run_job(ctx, wf)
+            future = self.job_loop().submit(run_job_async(ctx, wf))
+            return future.result()
         except Abort:
-            self._in_job = False
+            self.stopper.in_job = False
+            if future is not None:
+                future.cancel()
             log.warning("job %s interrupted: released for another run", job.id)
             self._release([job, *rest])
             self._flush()
             raise
         finally:
-            self._in_job = False
+            self.stopper.in_job = False
+
+    def _take_interrupt(self) -> BaseException:
+        interrupt, self._interrupt = self._interrupt, None
+        assert interrupt is not None
+        return interrupt
+
+    def _on_done(self, job: RunningJob, outcome: Outcome) -> None:
+        """A run ended (in this thread, a slot's thread or the event loop's)."""
+        with self._count_lock:
+            self.ran += 1
+        if outcome.kind == "lost":
+            log.warning("%s: lease lost during the run (reaped, reset or resolved meanwhile): "
+                        "the run is abandoned", outcome.describe())
+            self.keeper.release([job.id])
+            return
+        self.recorder.add(outcome)
+        self.keeper.nudge()
+        if outcome.interrupt is not None:
+            log.warning("%s: interrupted by %s: recording it and handing back the jobs not "
+                        "started", outcome.describe(), type(outcome.interrupt).__name__)
+            self._interrupt = outcome.interrupt
+            self.stopper.requested = True
 
     def _release(self, jobs: list[RunningJob]) -> None:
         for job in jobs:
@@ -321,60 +378,78 @@ class Worker:
         self.recorder.cycle(self.conn, outcomes, None, self.keeper.worker_id, self.opts.identifier)
         self.keeper.release(o.job_id for o in outcomes)
 
+    # -- lease mode, several jobs at once ------------------------------------------------------
+
+    def _fill_slots(self) -> int:
+        """Give every free slot a job (one round trip for all); with none free, wait for some."""
+        slots = self.slots
+        assert slots is not None
+        if not slots.free or (self._backlog and slots.free < max(1, slots.size // 4)):
+            self._wait_for_slots(max(1, slots.size // 4))
+            if not slots.free:
+                return 1  # still full (a beat may be due): look again
+        free = slots.free
+        jobs = self._checkout(self._remaining(free))
+        self._backlog = len(jobs) == free
+        for job in jobs:
+            slots.start(job, self.registry.workflows[job.workflow])
+        return len(jobs)
+
+    def _wait_for_slots(self, free: int) -> None:
+        assert self.slots is not None
+        self.stopper.in_job = True  # a second signal hands the running jobs back
+        try:
+            timeout = max(0.01, min(self.keeper.seconds_to_beat(), 1.0))
+            if not self.slots.free:
+                self.slots.wait(1, timeout)  # the first slot that frees up ...
+            self.slots.wait(free, REFILL_WINDOW)  # ... and those that follow it closely
+        finally:
+            self.stopper.in_job = False
+
+    def _finish_running(self) -> None:
+        """After the loop: let the jobs still running end (a second signal hands them back)."""
+        if self.slots is None or not self.slots.busy:
+            return
+        log.info("waiting for %d running job(s) to end", self.slots.busy)
+        while self.slots.busy:
+            self._wait_for_slots(self.slots.size)
+            if self.conn is not None:
+                self.keeper.beat_if_due(self.conn)
+
+    def _hand_back_running(self) -> None:
+        if self.slots is not None:
+            jobs = self.slots.abandon()
+            if jobs:
+                log.warning("handing back %d running job(s)", len(jobs))
+            self._release(jobs)
+
     # -- transactional mode ------------------------------------------------------------------
 
     def _transactional_step(self) -> int:
-        names, versions = self.tx_pairs
-        self._in_job = True
-        try:
-            job_id = self.tx_runner.step({
-                "worker_id": self.keeper.worker_id, "identifier": self.opts.identifier,
-                "workflows": names, "versions": versions, "queues": self.opts.queues,
-                "limit": 1, "lease": self.opts.lease,
-            })
-        finally:
-            self._in_job = False
-        if job_id is None:
-            return 0
-        self.ran += 1
-        self.tx_recorded += 1
-        self.last_job_id = job_id
-        return 1
+        did = 0
+        for (names, versions), is_async in ((self.tx_pairs_sync, False), (self.tx_pairs_async, True)):
+            if not names or self._done():
+                continue
+            params = {"worker_id": self.keeper.worker_id, "identifier": self.opts.identifier,
+                      "workflows": names, "versions": versions, "queues": self.opts.queues,
+                      "limit": 1, "lease": self.opts.lease}
+            self.stopper.in_job = True
+            try:
+                if is_async:
+                    job_id = self.job_loop().submit(self.tx_runner.step_async(params)).result()
+                else:
+                    job_id = self.tx_runner.step(params)
+            finally:
+                self.stopper.in_job = False
+            if job_id is not None:
+                self.started += 1
+                self.ran += 1
+                self.tx_recorded += 1
+                self.last_job_id = job_id
+                did += 1
+        return did
 
     @property
     def last_recorded(self) -> int | None:
         """The id of the last job whose outcome was recorded."""
         return self.last_job_id or self.recorder.last_recorded
-
-    # -- signals -----------------------------------------------------------------------------
-
-    @contextmanager
-    def _signal_handlers(self) -> Iterator[None]:
-        if not self.opts.handle_signals or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        for s in previous:
-            signal.signal(s, self._on_signal)
-        try:
-            yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signals += 1
-        self.stop_requested = True
-        if self._signals == 1:
-            log.warning(
-                "received %s: stopping after the current job (send again to stop at once)",
-                signal.Signals(signum).name,
-            )
-            if self._waiting:
-                raise _WakeUp()
-            return
-        log.warning("received %s again: stopping now", signal.Signals(signum).name)
-        if self._in_job:
-            raise Abort()
-        if self._waiting:
-            raise _WakeUp()

@@ -8,8 +8,9 @@ child's result, raises :class:`ChildFailed`, or suspends the parent until the ch
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -59,7 +60,11 @@ class _ChildSpec:
 
 @dataclass
 class ChildHandle:
-    """A child job as the running parent sees it in this run."""
+    """A child job as the running parent sees it in this run.
+
+    In an ``async def`` workflow, ``await handle`` gives the result (``result()`` would block
+    the event loop for a round trip), and ``await handle.token_async()`` the token.
+    """
 
     _ctx: _RunContext
     _key: _ChildKey
@@ -67,8 +72,12 @@ class ChildHandle:
 
     def _loaded(self) -> dict[str, Any]:
         if self._row is None:
-            self._ctx.flush_children()
-            self._row = self._ctx.children.get(self._key) or self._ctx.find_child(self._key)
+            self._row = self._ctx.child(self._key)
+        return self._row
+
+    async def _loaded_async(self) -> dict[str, Any]:
+        if self._row is None:
+            self._row = await self._ctx.child_async(self._key)
         return self._row
 
     @property
@@ -84,23 +93,45 @@ class ChildHandle:
     def token(self) -> str:
         """The token that finishes this manual job (``JobQueue.resolve``)."""
         row = self._loaded()
+        if "token" not in row:  # created on first use, then remembered for this run
+            row["token"] = str(self._ctx.query(_sql.MANUAL_TOKEN, self._token_params(row))[0]["token"])
+        return str(row["token"])
+
+    async def token_async(self) -> str:
+        """The token, from an ``async def`` workflow."""
+        row = await self._loaded_async()
+        if "token" not in row:
+            rows = await self._ctx.query_async(_sql.MANUAL_TOKEN, self._token_params(row))
+            row["token"] = str(rows[0]["token"])
+        return str(row["token"])
+
+    @staticmethod
+    def _token_params(row: dict[str, Any]) -> dict[str, Any]:
         if row["workflow"] != MANUAL_WORKFLOW:
             raise NotInJob(f"job {row['id']} is not a manual job and has no token")
-        if "token" not in row:  # created on first use, then remembered for this run
-            row["token"] = str(self._ctx.db.scalar(_sql.MANUAL_TOKEN, {"job_id": row["id"]}))
-        return str(row["token"])
+        return {"job_id": row["id"]}
 
     def result(self) -> Any:
         """The child's result; raises ChildFailed if it failed or timed out; otherwise the
         parent sleeps until the child ends and then re-runs from the top."""
-        row = self._loaded()
-        status = Status(row["status"])
-        if status is Status.ok:
-            results = row["results"]
-            return results[0] if isinstance(results, list) and results else None
-        if status in FINAL_STATUSES:
-            raise ChildFailed(row["id"], status.value, row["error"], row["error_message"])
-        raise Pending(int(row["id"]))
+        return _result_of(self._loaded())
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """``await handle``: the result, as :meth:`result` gives it, without blocking the loop."""
+        return self._result_async().__await__()
+
+    async def _result_async(self) -> Any:
+        return _result_of(await self._loaded_async())
+
+
+def _result_of(row: dict[str, Any]) -> Any:
+    status = Status(row["status"])
+    if status is Status.ok:
+        results = row["results"]
+        return results[0] if isinstance(results, list) and results else None
+    if status in FINAL_STATUSES:
+        raise ChildFailed(row["id"], status.value, row["error"], row["error_message"])
+    raise Pending(int(row["id"]))
 
 
 class _Db(Protocol):
@@ -111,60 +142,103 @@ class _Db(Protocol):
     def scalar(self, sql: str, params: Mapping[str, Any] | None = None) -> Any: ...
 
 
+class _AsyncDb(Protocol):
+    """The same over an async connection (a transactional ``async def`` job's)."""
+
+    async def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]: ...
+
+
 @dataclass
 class _RunContext:
+    """One run of one job: its connection, its session (transactional mode) and its children.
+
+    Spawning writes nothing: children are inserted (with a load of all children, one round
+    trip) when the run needs a child's row, waits, or ends.
+    """
+
     job: RunningJob
-    db: _Db
+    db: _Db | None = None
     session: Any = None
+    adb: _AsyncDb | None = None
     _children: dict[_ChildKey, dict[str, Any]] | None = None
     pending: dict[_ChildKey, _ChildSpec] = field(default_factory=dict)
 
-    @property
-    def children(self) -> dict[_ChildKey, dict[str, Any]]:
-        if self._children is None:
-            self._spawn([])
-        assert self._children is not None
-        return self._children
+    # -- one sync and one async path to the database -------------------------------------------
 
-    def _spawn(self, specs: list[_ChildSpec]) -> None:
-        """Insert these children (those that exist are kept) and load every child of the job,
-        in one round trip; LeaseLost when this run no longer holds the job."""
+    def query(self, sql: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        assert self.db is not None
         try:
-            rows = self.db.rows(
-                _sql.CHILDREN_SPAWN,
-                {
-                    "parent_id": self.job.id,
-                    "lease_token": self.job.lease_token,
-                    "queues": [s.queue for s in specs],
-                    "workflows": [s.workflow for s in specs],
-                    "args": [s.args_json for s in specs],
-                    "max_attempts": [s.max_attempts for s in specs],
-                    "timeouts": [s.timeout for s in specs],
-                },
-            )
+            return self.db.rows(sql, params)
         except Exception as exc:
             if sqlstate(exc) == LEASE_LOST_STATE:
                 raise LeaseLost(self.job.id) from None
             raise
-        self._children = {(r["workflow"], _canonical(r["args"])): r for r in rows}
 
-    def find_child(self, key: _ChildKey) -> dict[str, Any]:
-        """Look a child up by its key in the database (the authority on JSON equality)."""
-        rows = self.db.rows(
-            _sql.CHILD_BY_KEY, {"parent_id": self.job.id, "workflow": key[0], "args": key[1]}
-        )
-        if not rows:
-            raise LookupError(f"child {key} of job {self.job.id} was not created")
-        self.children[key] = rows[0]
-        return rows[0]
+    async def query_async(self, sql: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """On the job's async connection, else on its connection in a thread of its own."""
+        if self.adb is None:
+            return await asyncio.to_thread(self.query, sql, params)
+        try:
+            return await self.adb.rows(sql, params)
+        except Exception as exc:
+            if sqlstate(exc) == LEASE_LOST_STATE:
+                raise LeaseLost(self.job.id) from None
+            raise
 
-    def flush_children(self) -> None:
-        """Insert the children spawned in this run that do not exist yet (one statement)."""
-        if not self.pending:
-            return
+    # -- children ------------------------------------------------------------------------------
+
+    def _spawn_params(self) -> dict[str, Any]:
         specs = list(self.pending.values())
         self.pending.clear()
-        self._spawn(specs)
+        return {
+            "parent_id": self.job.id,
+            "lease_token": self.job.lease_token,
+            "queues": [s.queue for s in specs],
+            "workflows": [s.workflow for s in specs],
+            "args": [s.args_json for s in specs],
+            "max_attempts": [s.max_attempts for s in specs],
+            "timeouts": [s.timeout for s in specs],
+        }
+
+    def _loaded(self, rows: list[dict[str, Any]]) -> None:
+        self._children = {(r["workflow"], _canonical(r["args"])): r for r in rows}
+
+    def flush_children(self, *, load: bool = False) -> None:
+        """Insert the children spawned in this run (those that exist are kept) and load every
+        child of the job, in one round trip; LeaseLost when the run no longer holds the job.
+        Without pending children nothing is done, unless ``load`` asks for the children."""
+        if self.pending or (load and self._children is None):
+            self._loaded(self.query(_sql.CHILDREN_SPAWN, self._spawn_params()))
+
+    async def flush_children_async(self, *, load: bool = False) -> None:
+        if self.pending or (load and self._children is None):
+            self._loaded(await self.query_async(_sql.CHILDREN_SPAWN, self._spawn_params()))
+
+    def child(self, key: _ChildKey) -> dict[str, Any]:
+        self.flush_children(load=True)
+        return self._found(key) or self._by_key(key, self.query(_sql.CHILD_BY_KEY, self._key_params(key)))
+
+    async def child_async(self, key: _ChildKey) -> dict[str, Any]:
+        await self.flush_children_async(load=True)
+        found = self._found(key)
+        if found is not None:
+            return found
+        return self._by_key(key, await self.query_async(_sql.CHILD_BY_KEY, self._key_params(key)))
+
+    def _found(self, key: _ChildKey) -> dict[str, Any] | None:
+        assert self._children is not None
+        return self._children.get(key)
+
+    def _key_params(self, key: _ChildKey) -> dict[str, Any]:
+        return {"parent_id": self.job.id, "workflow": key[0], "args": key[1]}
+
+    def _by_key(self, key: _ChildKey, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """A child found by its key in the database (the authority on JSON equality)."""
+        if not rows:
+            raise LookupError(f"child {key} of job {self.job.id} was not created")
+        assert self._children is not None
+        self._children[key] = rows[0]
+        return rows[0]
 
 
 _current: ContextVar[_RunContext | None] = ContextVar("postjob_sa_job", default=None)
@@ -222,9 +296,9 @@ def spawn_child(
         timeout=_validate.seconds(timeout, "timeout"),
     )
     key = (spec.workflow, _canonical(json.loads(args_json)))
-    row = ctx.children.get(key)
+    row = ctx._children.get(key) if ctx._children is not None else None
     if row is None and key not in ctx.pending:
-        ctx.pending[key] = spec
+        ctx.pending[key] = spec  # written (or found) with the next round trip
     return ChildHandle(ctx, key, row)
 
 
@@ -238,9 +312,21 @@ def manual(label: str, *args: Any, timeout: float | None = None) -> ChildHandle:
 def set_workflow_status(status: str) -> None:
     """Record a progress note for the running job (shown by ``postjob ps``)."""
     ctx = _context()
+    rows = ctx.query(_sql.WORKFLOW_STATUS_SET, _status_params(ctx, status))
+    if not rows[0]["accepted"]:
+        raise LeaseLost(ctx.job.id)
+
+
+async def set_workflow_status_async(status: str) -> None:
+    """:func:`set_workflow_status` for an ``async def`` workflow."""
+    ctx = _context()
+    rows = await ctx.query_async(_sql.WORKFLOW_STATUS_SET, _status_params(ctx, status))
+    if not rows[0]["accepted"]:
+        raise LeaseLost(ctx.job.id)
+
+
+def _status_params(ctx: _RunContext, status: str) -> dict[str, Any]:
     if not isinstance(status, str):
         raise TypeError("the workflow status must be a string")
     note = _validate.text(status, "the workflow status")
-    params = {"job_id": ctx.job.id, "lease_token": ctx.job.lease_token, "status": note}
-    if not ctx.db.scalar(_sql.WORKFLOW_STATUS_SET, params):
-        raise LeaseLost(ctx.job.id)
+    return {"job_id": ctx.job.id, "lease_token": ctx.job.lease_token, "status": note}

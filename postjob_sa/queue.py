@@ -50,7 +50,9 @@ class JobQueue:
 
     ``fast_mode`` shortens retry back-off to 0.01 s·1.5^n (tests); ``lease`` is how long a
     checked-out job is held before it is presumed abandoned (the worker's heartbeat extends
-    it while the job runs); ``batch_size`` is how many jobs a worker checks out per round trip.
+    it while the job runs); ``batch_size`` is how many jobs a worker checks out per round trip;
+    ``concurrency`` is how many jobs a worker runs at once (sync workflows in threads, async
+    ones as tasks on an event loop of the worker's; each keeps its own lease).
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class JobQueue:
         batch_size: int = 1,
         registry: Registry | None = None,
         identifier: str | None = None,
+        concurrency: int = 1,
     ):
         if not isinstance(session, Session):
             raise InvalidArgument(
@@ -73,6 +76,9 @@ class JobQueue:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
             raise InvalidArgument(f"batch_size must be an integer from 1 to 10000, not {batch_size!r}")
         self.batch_size = batch_size
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
+            raise InvalidArgument(f"concurrency must be an integer from 1 to 1000, not {concurrency!r}")
+        self.concurrency = concurrency
         self.registry = registry or default_registry
         self.identifier = identifier or worker_identifier()
 
@@ -263,7 +269,7 @@ class JobQueue:
         enqueued in this queue's session run only once the session has committed them."""
         return self._worker(
             batch=self.batch_size, until_idle=True, handle_signals=False,
-            queues=list(queues) if queues is not None else None,
+            queues=list(queues) if queues is not None else None, concurrency=self.concurrency,
         ).run()
 
     def work(
@@ -282,6 +288,7 @@ class JobQueue:
             count=count, batch=self.batch_size,
             queues=list(queues) if queues is not None else None,
             workflows=list(workflows) if workflows is not None else None,
+            concurrency=self.concurrency,
         ).run()
 
     # -- operations --------------------------------------------------------------------------

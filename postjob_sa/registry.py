@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
@@ -32,6 +33,11 @@ class Workflow(Generic[P, R]):
 
     def __post_init__(self) -> None:
         functools.update_wrapper(self, self.fn)
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the workflow is an ``async def`` (it runs on the worker's event loop)."""
+        return inspect.iscoroutinefunction(self.fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
@@ -78,7 +84,8 @@ class Registry:
         return self.workflows.get(name)
 
     def pairs(
-        self, names: Iterable[str] | None = None, *, transactional: bool | None = None
+        self, names: Iterable[str] | None = None, *, transactional: bool | None = None,
+        is_async: bool | None = None,
     ) -> tuple[list[str], list[str]]:
         """(names, versions) arrays for checkout, optionally restricted."""
         chosen = set(names) if names is not None else None
@@ -88,6 +95,8 @@ class Registry:
             if chosen is not None and wf.name not in chosen:
                 continue
             if transactional is not None and wf.transactional != transactional:
+                continue
+            if is_async is not None and wf.is_async != is_async:
                 continue
             out_names.append(wf.name)
             out_versions.append(wf.version)

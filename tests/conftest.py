@@ -116,7 +116,7 @@ def engine(db_url: URL) -> Iterator[Engine]:
 @pytest.fixture
 def clean(engine: Engine) -> None:
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE postjob.postjobs, postjob.tokens RESTART IDENTITY CASCADE"))
+        conn.execute(text("TRUNCATE postjob.postjobs, postjob.tokens, postjob.workers RESTART IDENTITY CASCADE"))
 
 
 @pytest.fixture

@@ -55,7 +55,8 @@ def test_run_processes_count_jobs_and_logs_each(cli: Any, engine: Engine) -> Non
         (["run"], "no workflows to run"),
         (["run", "--import", "no_such_module_xyz"], "cannot import workflow module"),
         (["run", "--import", "postjob_sa.demo", "--lease", "0"], "more than 0"),
-        (["run", "--import", "postjob_sa.demo", "--concurrency", "0"], "--concurrency"),
+        (["run", "--import", "postjob_sa.demo", "--processes", "0"], "--processes"),
+        (["run", "--import", "postjob_sa.demo", "--jobs-per-process", "0"], "--jobs-per-process"),
         (["run", "--import", "postjob_sa.demo", "--batch", "0"], "batch_size"),
     ],
 )
@@ -96,7 +97,7 @@ def test_concurrency_restarts_a_crashed_worker_and_forwards_sigterm(
 ) -> None:
     proc = subprocess.Popen(
         [POSTJOB, "--database-url", url_string(db_url), "run", "--import", "postjob_sa.demo",
-         "--concurrency", "2", "--fast", "-v"],
+         "--processes", "2", "--fast", "-v"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     assert proc.stderr is not None

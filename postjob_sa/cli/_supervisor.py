@@ -1,4 +1,4 @@
-"""``postjob run --concurrency N``: N worker processes under one supervisor that restarts a
+"""``postjob run --processes N``: N worker processes under one supervisor that restarts a
 crashed child and forwards SIGTERM/SIGINT (each child stops after its current job; a second
 signal stops them at once)."""
 

@@ -22,10 +22,12 @@ log = logging.getLogger("postjob_sa.cli")
 
 
 def _child_argv(app: App, verbose: int, count: int | None, queues: tuple[str, ...],
-                modules: tuple[str, ...], lease: float, batch: int, fast: bool) -> list[str]:
+                modules: tuple[str, ...], lease: float, batch: int, fast: bool,
+                jobs_per_process: int) -> list[str]:
     argv = [sys.executable, "-m", "postjob_sa.cli"]
     argv += ["-" + "v" * verbose] if verbose else []
     argv += ["run", "--lease", repr(lease), "--batch", str(batch)]
+    argv += ["--jobs-per-process", str(jobs_per_process)]
     argv += ["--count", str(count)] if count is not None else []
     for q in queues:
         argv += ["--queue", q]
@@ -36,26 +38,41 @@ def _child_argv(app: App, verbose: int, count: int | None, queues: tuple[str, ..
 
 
 @click.command()
-@click.option("--count", type=int, help="Stop after N jobs (per process with --concurrency).")
+@click.option("--count", type=int, help="Stop after N jobs (per process with --processes).")
 @click.option("--queue", "queues", multiple=True, metavar="Q", help="Only jobs of this queue (repeatable).")
 @click.option("--import", "modules", multiple=True, metavar="MODULE",
               help="Import a module that defines workflows (repeatable; required).")
 @click.option("--lease", default=str(int(DEFAULT_LEASE)), show_default=True, metavar="DURATION",
               help="How long a job is held before a dead worker's job is rescued (the heartbeat renews it).")
-@click.option("--batch", type=int, default=1, show_default=True, help="Jobs checked out per round trip.")
-@click.option("--concurrency", type=int, default=1, show_default=True,
-              help="Worker processes (restarted when they crash).")
+@click.option("--batch", type=int, default=1, show_default=True,
+              help="Jobs checked out per round trip (with --jobs-per-process 1).")
+@click.option("--processes", "processes", type=int, default=None, metavar="N",
+              help="Worker processes under one supervisor (restarted when they crash). [default: 1]")
+@click.option("--concurrency", "old_processes", type=int, default=None, hidden=True,
+              help="The old name of --processes.")
+@click.option("--jobs-per-process", type=int, default=1, show_default=True, metavar="N",
+              help="Jobs each process runs at once: sync workflows in threads, async ones as "
+              "tasks on one event loop.")
 @click.option("--fast", is_flag=True, help="Fast retries (0.01 s back-off base: tests and demos).")
 @click.option("-v", "--verbose", count=True, help="-v: one log line per job; -vv: debug.")
 @click.pass_obj
 def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str, ...],
-        lease: str, batch: int, concurrency: int, fast: bool, verbose: int) -> None:
+        lease: str, batch: int, processes: int | None, old_processes: int | None,
+        jobs_per_process: int, fast: bool, verbose: int) -> None:
     """Run a worker: check out jobs of the imported workflows until Ctrl-C/SIGTERM
-    (the current job finishes first; a second signal stops at once)."""
+    (running jobs finish first; a second signal stops at once and hands them back)."""
     verbose = max(verbose, app.verbose)
     configure_logging(verbose)
+    if old_processes is not None:
+        if processes is not None:
+            raise InvalidArgument("give --processes (the new name of --concurrency), not both")
+        log.warning("--concurrency is now called --processes (worker processes); "
+                    "--jobs-per-process sets the jobs each process runs at once")
+        processes = old_processes
+    concurrency = 1 if processes is None else processes
     _parse.positive_int(count, "--count", 1 << 62)
-    _parse.positive_int(concurrency, "--concurrency", 256)
+    _parse.positive_int(concurrency, "--processes", 256)
+    _parse.positive_int(jobs_per_process, "--jobs-per-process", 1000)
     lease_seconds = _parse.duration(lease, "--lease duration")
     import_modules(modules)
     if not default_registry.workflows:
@@ -63,19 +80,22 @@ def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str
             "no workflows to run: pass --import MODULE (a module defining @postjob_sa.workflow functions)"
         )
     with app.session() as session:
-        queue = JobQueue(session, fast_mode=fast, lease=lease_seconds, batch_size=batch)
+        queue = JobQueue(session, fast_mode=fast, lease=lease_seconds, batch_size=batch,
+                         concurrency=jobs_per_process)
         if concurrency > 1:
             log.info("supervisor pid %d: starting %d workers (%s)", os.getpid(), concurrency,
                      app.display_url())
-            argv = _child_argv(app, verbose, count, queues, modules, lease_seconds, batch, fast)
+            argv = _child_argv(app, verbose, count, queues, modules, lease_seconds, batch, fast,
+                               jobs_per_process)
             env = {**os.environ, "POSTJOB_DATABASE_URL": app.url_with_password()}
             code = Supervisor(argv, env, concurrency).run()
             if code:
                 raise click.exceptions.Exit(code)
             return
         names = ", ".join(sorted(default_registry.workflows))
-        log.info("worker pid %d started: queues %s, workflows %s (%s)", os.getpid(),
-                 ",".join(queues) or "all", names, app.display_url())
+        log.info("worker pid %d started: queues %s, workflows %s, %d job(s) at once (%s)",
+                 os.getpid(), ",".join(queues) or "all", names, jobs_per_process,
+                 app.display_url())
         done = queue.work(count=count, queues=list(queues) or None)
         log.info("worker pid %d stopped after %d job(s)", os.getpid(), done)
 

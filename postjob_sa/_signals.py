@@ -1,0 +1,72 @@
+"""Stopping a worker with SIGINT/SIGTERM: the first signal lets the running jobs finish, the
+second stops at once and hands them back."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+log = logging.getLogger("postjob_sa.worker")
+
+
+class Abort(BaseException):
+    """Stops the running job at once (a second SIGINT/SIGTERM); the job is released."""
+
+
+class WakeUp(BaseException):
+    """Breaks a wait when a stop is requested."""
+
+
+class Stopper:
+    """What the worker loop knows of stop requests: set by signals or by :meth:`request`.
+
+    ``in_job`` and ``waiting`` say where the loop is, so that a signal interrupts it in the
+    right way (a wait is broken at once; a job only by the second signal).
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.in_job = False
+        self.waiting = False
+        self._signals = 0
+
+    def request(self, why: str) -> None:
+        """Stop after the running jobs (a first signal, or the caller's request)."""
+        if not self.requested:
+            log.warning("%s: stopping after the running jobs", why)
+        self.requested = True
+
+    @contextmanager
+    def handlers(self, enabled: bool) -> Iterator[None]:
+        """Install SIGINT/SIGTERM handlers for the duration (main thread only)."""
+        if not enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in previous:
+            signal.signal(s, self._on_signal)
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        self.requested = True
+        name = signal.Signals(signum).name
+        if self._signals == 1:
+            log.warning("received %s: stopping after the running jobs (send again to stop at "
+                        "once)", name)
+            if self.waiting:
+                raise WakeUp()
+            return
+        log.warning("received %s again: stopping now", name)
+        if self.in_job:
+            raise Abort()
+        if self.waiting:
+            raise WakeUp()
