@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from postjob_sa import migrations
 from postjob_sa._migrations import VERSION_LOCATION, downgrade, include_object, migrate
+from postjob_sa.async_queue import AsyncJobQueue
 from postjob_sa.context import (
     ChildHandle,
     RunningJob,
@@ -36,6 +37,7 @@ from postjob_sa.registry import Registry, Workflow, workflow
 
 __all__ = [
     "VERSION_LOCATION",
+    "AsyncJobQueue",
     "Base",
     "ChildFailed",
     "ChildHandle",

@@ -156,13 +156,17 @@ class Conn:
             return True
         return False
 
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a notification; raises if the connection is lost."""
+    def wait(self, timeout: float, wake_fd: int | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for a notification (or for ``wake_fd`` to become
+        readable); raises if the connection is lost."""
         if self.take_notification():
             return True
         if timeout <= 0:
             return False
-        readable, _, _ = select.select([self.raw.fileno()], [], [], timeout)
+        watched = [self.raw.fileno()] if wake_fd is None else [self.raw.fileno(), wake_fd]
+        readable, _, _ = select.select(watched, [], [], timeout)
+        if wake_fd is not None and wake_fd in readable:
+            return False
         if not readable:
             return False
         if self.driver == "psycopg":

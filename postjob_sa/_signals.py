@@ -4,6 +4,7 @@ second stops at once and hands them back."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -30,15 +31,51 @@ class Stopper:
 
     def __init__(self) -> None:
         self.requested = False
+        #: stop at once, handing the running jobs back (a second signal seen by another thread)
+        self.aborted = False
         self.in_job = False
         self.waiting = False
         self._signals = 0
+        self._pipe: tuple[int, int] | None = None
+
+    def wake_fd(self) -> int:
+        """A descriptor that becomes readable when a stop is asked for from another thread."""
+        if self._pipe is None:
+            self._pipe = os.pipe()
+            os.set_blocking(self._pipe[1], False)
+        return self._pipe[0]
+
+    def _wake(self) -> None:
+        if self._pipe is not None:
+            try:
+                os.write(self._pipe[1], b"!")
+            except BlockingIOError:  # woken already
+                pass
+
+    def close(self) -> None:
+        if self._pipe is not None:
+            for fd in self._pipe:
+                os.close(fd)
+            self._pipe = None
 
     def request(self, why: str) -> None:
-        """Stop after the running jobs (a first signal, or the caller's request)."""
+        """Stop after the running jobs (from any thread)."""
         if not self.requested:
             log.warning("%s: stopping after the running jobs", why)
         self.requested = True
+        self._wake()
+
+    def signalled(self, signum: int) -> None:
+        """A signal an event loop's handler caught for the worker (which runs in another
+        thread): the first stops after the running jobs, the second hands them back."""
+        self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals == 1:
+            self.request(f"received {name}")
+            return
+        log.warning("received %s again: stopping now", name)
+        self.aborted = True
+        self._wake()
 
     @contextmanager
     def handlers(self, enabled: bool) -> Iterator[None]:

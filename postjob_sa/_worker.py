@@ -178,6 +178,7 @@ class Worker:
             except Exception as exc:  # its connections close with the process
                 log.debug("closing the async engine: %s", exc)
             self._job_loop.close()
+        self.stopper.close()
 
     def _done(self) -> bool:
         count = self.opts.count
@@ -268,7 +269,7 @@ class Worker:
             return
         self.stopper.waiting = True
         try:
-            self.conn.wait(timeout)
+            self.conn.wait(timeout, self.stopper.wake_fd())
         except WakeUp:
             pass
         finally:
@@ -397,6 +398,8 @@ class Worker:
 
     def _wait_for_slots(self, free: int) -> None:
         assert self.slots is not None
+        if self.stopper.aborted:
+            raise Abort()
         self.stopper.in_job = True  # a second signal hands the running jobs back
         try:
             timeout = max(0.01, min(self.keeper.seconds_to_beat(), 1.0))

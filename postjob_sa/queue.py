@@ -92,9 +92,13 @@ class JobQueue:
         return engine
 
     def _worker(self, **options: Any) -> Worker:
+        return self._worker_on(self.engine, **options)
+
+    def _worker_on(self, engine: Engine, **options: Any) -> Worker:
+        check_driver(engine)
         opts = WorkerOptions(lease=self.lease, fast_mode=self.fast_mode,
                              identifier=self.identifier, **options)
-        return Worker(self.engine, self.registry, opts)
+        return Worker(engine, self.registry, opts)
 
     # -- enqueue -----------------------------------------------------------------------------
 

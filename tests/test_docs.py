@@ -3,7 +3,8 @@
 How each block is treated, by its language (the word after the opening fence):
 
 - ``python``: executed, in order, as one module per page (a doctest without the prompts).
-  ``DATABASE_URL`` points at this module's test database, and ``JobQueue.work`` drains instead
+  ``DATABASE_URL`` points at this module's test database, and ``JobQueue.work`` (and
+  ``AsyncJobQueue.work``) drains instead
   of waiting forever, so "start a worker" examples terminate.
 - ``text`` after ``<!-- docs-test: output -->``: must equal what the page's python blocks
   printed since the previous output block.
@@ -220,6 +221,11 @@ def docs_env(db_url: URL, monkeypatch: pytest.MonkeyPatch) -> None:
         return self.drain()  # a page's worker runs what it enqueued, then returns
 
     monkeypatch.setattr(postjob_sa.JobQueue, "work", work)
+
+    async def work_async(self: postjob_sa.AsyncJobQueue, count: int | None = None, **kwargs: object) -> int:
+        return await self.drain()
+
+    monkeypatch.setattr(postjob_sa.AsyncJobQueue, "work", work_async)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)

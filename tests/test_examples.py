@@ -168,6 +168,10 @@ class _FastAPIBrowser:
         from fastapi.testclient import TestClient
 
         self.client = TestClient(app, follow_redirects=False)
+        self.client.__enter__()  # one event loop for every request (the app's lifespan)
+
+    def close(self) -> None:
+        self.client.__exit__(None, None, None)
 
     def get(self, path: str, auth: dict[str, str]) -> tuple[int, str]:
         resp = self.client.get(path, headers=auth)
@@ -200,6 +204,8 @@ def test_the_dashboard_is_mounted_behind_the_apps_authentication(
     assert browser.post(f"/admin/jobs/jobs/{job.id}/force", {})[0] == 401
     status, location = browser.post(f"/admin/jobs/jobs/{job.id}/force", admin)
     assert status == 303 and location.endswith(f"/admin/jobs/jobs/{job.id}?done=force")
+    if isinstance(browser, _FastAPIBrowser):
+        browser.close()
 
 
 def test_worker_runs_as_a_module(app_engine: Engine, example: Example) -> None:

@@ -7,15 +7,26 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 from collections.abc import Sequence
 
-from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from examples.fastapi_app import workflows  # noqa: F401  (registers the app's workflows)
-from examples.fastapi_app.config import database_url
-from postjob_sa import JobQueue
+from examples.fastapi_app.config import async_url, database_url
+from postjob_sa import AsyncJobQueue
+
+
+async def run(drain: bool) -> int:
+    engine = create_async_engine(async_url(database_url()))
+    try:
+        async with AsyncSession(engine) as session:
+            # up to 20 jobs at once: async workflows are tasks on the worker's event loop
+            queue = AsyncJobQueue(session, concurrency=20)
+            return await (queue.drain() if drain else queue.work())
+    finally:
+        await engine.dispose()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,13 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--drain", action="store_true", help="exit when no job is due")
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    engine = create_engine(database_url())
-    try:
-        with Session(engine) as session:
-            queue = JobQueue(session)
-            ran = queue.drain() if opts.drain else queue.work()
-    finally:
-        engine.dispose()
+    ran = asyncio.run(run(opts.drain))
     logging.info("ran %d jobs", ran)
     return ran
 

@@ -1,0 +1,180 @@
+"""AsyncJobQueue: the JobQueue operations for an ``AsyncSession``.
+
+Each operation is ``JobQueue``'s own, run on the session's underlying ``Session`` through
+``AsyncSession.run_sync`` (SQLAlchemy's bridge from async to sync code): the same statements,
+the same validation and errors, inside the caller's transaction, never committed. The worker
+entry points run the worker in a thread (it owns its connections: sync ones, made from the
+async engine's URL unless ``worker_engine`` is given) while the caller's event loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+
+from postjob_sa._worker import Worker
+from postjob_sa.errors import InvalidArgument
+from postjob_sa.models import Job
+from postjob_sa.queue import DEFAULT_LEASE, JobQueue
+from postjob_sa.registry import Registry
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _forward(method: Callable[Concatenate[JobQueue, P], R]) -> Callable[Concatenate[AsyncJobQueue, P], Awaitable[R]]:
+    """``JobQueue.method``, awaitable, on the async session's underlying Session."""
+
+    async def call(queue: AsyncJobQueue, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await queue.session.run_sync(lambda s: method(queue._queue(s), *args, **kwargs))
+
+    call.__name__ = method.__name__
+    call.__qualname__ = f"AsyncJobQueue.{method.__name__}"
+    call.__doc__ = method.__doc__
+    return call
+
+
+class AsyncJobQueue:
+    """The job queue, bound to a SQLAlchemy ``AsyncSession`` (psycopg 3's async driver,
+    ``postgresql+psycopg://``): the operations of :class:`~postjob_sa.JobQueue`, awaitable,
+    with the same arguments, validation and errors.
+
+    ``worker_engine`` is a sync Engine the worker entry points (``step``, ``drain``,
+    ``work``) take their connections from; by default one is made from the session's URL.
+    """
+
+    def __init__(
+        self,
+        session: AsyncSession,
+        fast_mode: bool = False,
+        *,
+        lease: float = DEFAULT_LEASE,
+        batch_size: int = 1,
+        registry: Registry | None = None,
+        identifier: str | None = None,
+        concurrency: int = 1,
+        worker_engine: Engine | None = None,
+    ):
+        if not isinstance(session, AsyncSession):
+            raise InvalidArgument(
+                "AsyncJobQueue needs a SQLAlchemy AsyncSession, e.g. "
+                f"AsyncJobQueue(AsyncSession(async_engine)), not {session!r}"
+            )
+        self.session = session
+        self.worker_engine = worker_engine
+        # validates the options once (a JobQueue on the session's underlying Session)
+        self._options: dict[str, Any] = {
+            "fast_mode": fast_mode, "lease": lease, "batch_size": batch_size,
+            "registry": registry, "identifier": identifier, "concurrency": concurrency,
+        }
+        self._template = self._queue(session.sync_session)
+
+    def _queue(self, session: Session) -> JobQueue:
+        return JobQueue(session, **self._options)
+
+    enqueue = _forward(JobQueue.enqueue)
+    enqueue_many = _forward(JobQueue.enqueue_many)
+    checkout = _forward(JobQueue.checkout)
+    resolve = _forward(JobQueue.resolve)
+    reset = _forward(JobQueue.reset)
+    force = _forward(JobQueue.force)
+    reap = _forward(JobQueue.reap)
+
+    async def complete(self, job: Job, result: Any = None) -> None:
+        """Record a checked-out job's result (in the caller's transaction); the job's
+        attributes are loaded again (an expired attribute cannot load by itself in async code)."""
+        await self.session.run_sync(lambda s: self._queue(s).complete(job, result))
+        await self.session.refresh(job)
+
+    async def fail(self, job: Job, error: BaseException, *, retry: bool = True) -> None:
+        """Record a failed run of a checked-out job: retried with back-off when ``retry``."""
+        await self.session.run_sync(lambda s: self._queue(s).fail(job, error, retry=retry))
+        await self.session.refresh(job)
+
+    # -- worker entry points: the worker runs in a thread of its own -------------------------------
+
+    def _engine(self) -> tuple[Engine, bool]:
+        """The worker's engine, and whether it is ours to dispose."""
+        if self.worker_engine is not None:
+            return self.worker_engine, False
+        bind = self.session.bind
+        if isinstance(bind, AsyncConnection):
+            bind = bind.engine
+        if not isinstance(bind, AsyncEngine):
+            raise InvalidArgument("AsyncJobQueue's session must be bound to an AsyncEngine, or "
+                                  "pass worker_engine=")
+        return create_engine(bind.url), True
+
+    async def _run(self, *, handle_signals: bool = False, **options: Any) -> int:
+        engine, ours = self._engine()
+        worker = self._template._worker_on(engine, **options)
+        loop = asyncio.get_running_loop()
+        installed = _stop_on_signals(loop, worker) if handle_signals else []
+        future = loop.run_in_executor(None, worker.run)
+        try:
+            try:
+                return await asyncio.shield(future)
+            except asyncio.CancelledError:
+                worker.stopper.request("the task running the worker was cancelled")
+                await future  # the running jobs end first
+                raise
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            if ours:
+                engine.dispose()
+
+    async def step(self, transactional: bool = False) -> int | None:
+        """Check out, run and record one job (see ``JobQueue.step``)."""
+        engine, ours = self._engine()
+        try:
+            worker = self._template._worker_on(engine, count=1, until_idle=True,
+                                               handle_signals=False, transactional=transactional)
+            done = await asyncio.get_running_loop().run_in_executor(None, worker.run)
+            return worker.last_recorded if done else None
+        finally:
+            if ours:
+                engine.dispose()
+
+    async def drain(self, *, queues: Iterable[str] | None = None) -> int:
+        """Run jobs until none is runnable now; return how many runs were recorded."""
+        return await self._run(batch=self._template.batch_size, until_idle=True,
+                               queues=list(queues) if queues is not None else None,
+                               concurrency=self._template.concurrency)
+
+    async def work(
+        self,
+        count: int | None = None,
+        *,
+        queues: Iterable[str] | None = None,
+        workflows: Iterable[str] | None = None,
+        handle_signals: bool = True,
+    ) -> int:
+        """The worker loop (see ``JobQueue.work``), awaitable. In the main thread, SIGINT and
+        SIGTERM stop it (running jobs end first; a second signal hands them back); cancelling
+        the awaiting task stops it the same way."""
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+            raise InvalidArgument(f"count must be a positive integer, not {count!r}")
+        return await self._run(
+            handle_signals=handle_signals, count=count, batch=self._template.batch_size,
+            queues=list(queues) if queues is not None else None,
+            workflows=list(workflows) if workflows is not None else None,
+            concurrency=self._template.concurrency,
+        )
+
+
+def _stop_on_signals(loop: asyncio.AbstractEventLoop, worker: Worker) -> list[signal.Signals]:
+    """The loop's SIGINT/SIGTERM handlers stop the worker (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return []
+    sigs = [signal.SIGINT, signal.SIGTERM]
+    for sig in sigs:
+        loop.add_signal_handler(sig, worker.stopper.signalled, sig)
+    return sigs

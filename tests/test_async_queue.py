@@ -1,0 +1,153 @@
+"""AsyncJobQueue: the JobQueue operations inside the caller's AsyncSession transaction."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+from sqlalchemy import URL, Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+
+import postjob_sa
+from postjob_sa import AsyncJobQueue, InvalidArgument, Registry, Status
+
+reg = Registry()
+T = TypeVar("T")
+
+
+@postjob_sa.workflow(name="aq.double", registry=reg)
+async def double(x: int) -> int:
+    await asyncio.sleep(0)
+    return 2 * x
+
+
+@postjob_sa.workflow(name="aq.nap", registry=reg)
+async def nap(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return "rested"
+
+
+def _run(db_url: URL, body: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    async def main() -> T:
+        engine = create_async_engine(db_url.set(drivername="postgresql+psycopg"))
+        try:
+            return await body(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+def _count(engine: Engine, sql: str) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(text(sql)).scalar()
+
+
+@pytest.fixture
+def orders(engine: Engine, clean: None) -> Engine:
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE IF NOT EXISTS aq_orders (id serial PRIMARY KEY, job_id bigint)"))
+        conn.execute(text("TRUNCATE aq_orders"))
+    return engine
+
+
+def test_enqueue_commits_with_the_apps_rows_and_goes_with_a_rollback(db_url: URL, orders: Engine) -> None:
+    async def body(engine: AsyncEngine) -> None:
+        async with AsyncSession(engine) as s:
+            job = await AsyncJobQueue(s, registry=reg).enqueue(double, 21)
+            await s.execute(text("INSERT INTO aq_orders (job_id) VALUES (:j)"), {"j": job.id})
+            await s.rollback()
+        async with AsyncSession(engine) as s:
+            job = await AsyncJobQueue(s, registry=reg).enqueue(double, 21)
+            assert job.status is Status.ready and job.args == [21]
+            await s.execute(text("INSERT INTO aq_orders (job_id) VALUES (:j)"), {"j": job.id})
+            await s.commit()
+
+    _run(db_url, body)
+    assert _count(orders, "SELECT count(*) FROM postjob.postjobs") == 1
+    assert _count(orders, "SELECT count(*) FROM aq_orders o JOIN postjob.postjobs j ON j.id = o.job_id") == 1
+
+
+def test_bad_input_fails_before_anything_is_written_and_the_session_stays_usable(
+    db_url: URL, orders: Engine
+) -> None:
+    async def body(engine: AsyncEngine) -> None:
+        async with AsyncSession(engine) as s:
+            q = AsyncJobQueue(s, registry=reg)
+            with pytest.raises(InvalidArgument, match="args"):
+                await q.enqueue(double, {1, 2})
+            with pytest.raises(InvalidArgument, match="lone surrogate"):
+                await q.enqueue(double, "file-\udcff")
+            await q.enqueue(double, 1)
+            await s.commit()
+        with pytest.raises(InvalidArgument, match="AsyncSession"):
+            AsyncJobQueue(engine)  # type: ignore[arg-type]
+
+    _run(db_url, body)
+    assert _count(orders, "SELECT count(*) FROM postjob.postjobs") == 1
+
+
+def test_checkout_in_the_callers_transaction_skips_what_another_holds(db_url: URL, orders: Engine) -> None:
+    async def body(engine: AsyncEngine) -> None:
+        async with AsyncSession(engine) as s:
+            await AsyncJobQueue(s, registry=reg).enqueue_many(double, [[i] for i in range(5)])
+            await s.commit()
+        async with AsyncSession(engine) as s1, AsyncSession(engine) as s2:
+            first = await AsyncJobQueue(s1, registry=reg).checkout(limit=3)
+            second = await AsyncJobQueue(s2, registry=reg).checkout(limit=3)  # at once: 2 left
+            assert len(first) == 3 and len(second) == 2
+            assert not {j.id for j in first} & {j.id for j in second}
+            q = AsyncJobQueue(s1, fast_mode=True, registry=reg)
+            await q.complete(first[0], 42)
+            await q.fail(first[1], RuntimeError("no"), retry=False)
+            assert first[0].status is Status.ok and first[1].status is Status.failed
+            await s1.commit()
+            await s2.rollback()
+
+    _run(db_url, body)
+    assert _count(orders, "SELECT string_agg(status::text, ',' ORDER BY id) FROM postjob.postjobs") \
+        == "ok,failed,processing,ready,ready"  # s2's checkout was rolled back
+
+
+def test_the_worker_entry_points_run_async_workflows(db_url: URL, orders: Engine) -> None:
+    async def body(engine: AsyncEngine) -> None:
+        async with AsyncSession(engine) as s:
+            q = AsyncJobQueue(s, fast_mode=True, registry=reg, concurrency=4)
+            first = (await q.enqueue(double, 1)).id  # read before commit expires it
+            await q.enqueue_many(double, [[i] for i in range(6)])
+            await s.commit()
+            assert await q.step() == first
+            assert await q.drain() == 6
+            await q.enqueue(nap, 0.05)
+            await s.commit()
+            assert await q.work(count=1) == 1
+
+    _run(db_url, body)
+    assert _count(orders, "SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'") == 8
+
+
+def test_cancelling_the_task_that_runs_work_stops_the_worker_after_its_jobs(
+    db_url: URL, orders: Engine
+) -> None:
+    async def body(engine: AsyncEngine) -> None:
+        async with AsyncSession(engine) as s:
+            q = AsyncJobQueue(s, registry=reg, concurrency=2)
+            await q.enqueue(nap, 0.5)
+            await s.commit()
+            task = asyncio.create_task(q.work(handle_signals=False))
+            for _ in range(100):  # until the job runs
+                await asyncio.sleep(0.02)
+                async with AsyncSession(engine) as peek:
+                    status = (await peek.execute(text(
+                        "SELECT status::text FROM postjob.postjobs"))).scalar()
+                if status == "processing":
+                    break
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    _run(db_url, body)
+    assert _count(orders, "SELECT status::text FROM postjob.postjobs") == "ok"  # it ended first
+    assert _count(orders, "SELECT count(*) FROM postjob.workers") == 0
