@@ -149,38 +149,46 @@ class _JobDb:
 class Slots:
     """Up to ``size`` jobs at once: sync ones in threads of a pool, async ones as tasks.
 
-    ``on_done(job, outcome)`` is called in the job's thread (or the loop's) when it ends,
-    unless the job was abandoned meanwhile (:meth:`abandon`).
+    A few more jobs than slots (``prefetch``) wait here, checked out already, so that a slot
+    that frees up starts its next job at once instead of after a round trip. ``on_done(job,
+    outcome)`` is called in the job's thread (or the loop's) when it ends, unless the job was
+    abandoned meanwhile (:meth:`abandon`, :meth:`take_unstarted`).
     """
 
     def __init__(self, size: int, engine: Engine, job_loop: Callable[[], JobLoop],
                  on_done: Callable[[RunningJob, Outcome], None]):
         self.size = size
+        self.prefetch = max(1, size // 2)
+        self.capacity = size + self.prefetch
         self.pool = ConnPool(engine)
         self.job_loop = job_loop
         self.on_done = on_done
-        self._running: dict[int, tuple[RunningJob, concurrent.futures.Future[Outcome] | None]] = {}
+        self._running: dict[int, tuple[RunningJob, concurrent.futures.Future[Outcome | None] | None]] = {}
+        self._started: set[int] = set()  # of _running: those a slot has begun
         self._abandoned: set[int] = set()
         self._changed = threading.Condition()
         self._work: queue.SimpleQueue[tuple[RunningJob, Workflow[Any, Any]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._semaphore: asyncio.Semaphore | None = None  # made on the loop, for async jobs
 
     # -- what the worker loop asks ---------------------------------------------------------------
 
     @property
     def busy(self) -> int:
+        """Jobs held: running, or waiting here for a slot."""
         with self._changed:
             return len(self._running)
 
     @property
     def free(self) -> int:
-        return self.size - self.busy
+        """How many more jobs may be handed over now."""
+        return self.capacity - self.busy
 
     def wait(self, free: int, timeout: float) -> None:
-        """Until at least ``free`` slots are free (or none is busy), or ``timeout`` passes."""
+        """Until at least ``free`` jobs may be handed over (or none is held), or ``timeout``."""
         deadline = time.monotonic() + timeout
         with self._changed:
-            while self.size - len(self._running) < free and self._running:
+            while self.capacity - len(self._running) < free and self._running:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
@@ -189,10 +197,11 @@ class Slots:
     # -- starting and ending jobs ----------------------------------------------------------------
 
     def start(self, job: RunningJob, wf: Workflow[Any, Any]) -> None:
+        """Run ``job`` when a slot is free (at once, if one is)."""
+        with self._changed:
+            self._running[job.id] = (job, None)
         if wf.is_async:
             loop = self.job_loop()
-            with self._changed:
-                self._running[job.id] = (job, None)
             loop.running[job.id] = job.workflow
             future = loop.submit(self._run_async(job, wf))
             with self._changed:
@@ -200,13 +209,21 @@ class Slots:
                     self._running[job.id] = (job, future)
             return
         with self._changed:
-            self._running[job.id] = (job, None)
-            if len(self._threads) < len(self._running):  # threads are made as they are needed
+            if len(self._threads) < min(self.size, len(self._running)):  # made as needed
                 thread = threading.Thread(target=self._thread_main, daemon=True,
                                           name=f"postjob-job-{len(self._threads) + 1}")
                 self._threads.append(thread)
                 thread.start()
         self._work.put((job, wf))
+
+    def _begin(self, job: RunningJob) -> bool:
+        """A slot takes the job; False if it was abandoned while it waited."""
+        with self._changed:
+            if job.id in self._abandoned or job.id not in self._running:
+                self._abandoned.discard(job.id)
+                return False
+            self._started.add(job.id)
+            return True
 
     def _thread_main(self) -> None:
         while True:
@@ -214,6 +231,8 @@ class Slots:
             if item is None:
                 return
             job, wf = item
+            if not self._begin(job):
+                continue
             db = _JobDb(self.pool)
             try:
                 outcome = run_job(_RunContext(job, db=db), wf)
@@ -224,12 +243,19 @@ class Slots:
                 db.done()
             self._ended(job, outcome)
 
-    async def _run_async(self, job: RunningJob, wf: Workflow[Any, Any]) -> Outcome:
-        db = _JobDb(self.pool)
+    async def _run_async(self, job: RunningJob, wf: Workflow[Any, Any]) -> Outcome | None:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.size)
         try:
-            outcome = await run_job_async(_RunContext(job, db=db), wf)
+            async with self._semaphore:
+                if not self._begin(job):
+                    return None
+                db = _JobDb(self.pool)
+                try:
+                    outcome = await run_job_async(_RunContext(job, db=db), wf)
+                finally:
+                    db.done()
         finally:
-            db.done()
             self.job_loop().running.pop(job.id, None)
         self._ended(job, outcome)
         return outcome
@@ -238,19 +264,31 @@ class Slots:
         with self._changed:
             abandoned = job.id in self._abandoned
             self._abandoned.discard(job.id)
+            self._started.discard(job.id)
             self._running.pop(job.id, None)
             self._changed.notify_all()
         if not abandoned:
             self.on_done(job, outcome)
 
+    def take_unstarted(self) -> list[RunningJob]:
+        """The jobs still waiting for a slot, taken back (a stop lets only running jobs end)."""
+        with self._changed:
+            waiting = [job for i, (job, _) in self._running.items() if i not in self._started]
+            for job in waiting:
+                self._abandoned.add(job.id)
+                del self._running[job.id]
+            self._changed.notify_all()
+        return waiting
+
     def abandon(self) -> list[RunningJob]:
-        """Give up the running jobs (a second stop signal): their later outcomes are dropped,
+        """Give up every job held (a second stop signal): their later outcomes are dropped,
         async ones are cancelled. Returns them, so that the caller hands them back."""
         with self._changed:
             jobs = [job for job, _ in self._running.values()]
             futures = [f for _, f in self._running.values() if f is not None]
             self._abandoned.update(job.id for job in jobs)
             self._running.clear()
+            self._started.clear()
             self._changed.notify_all()
         for future in futures:
             future.cancel()

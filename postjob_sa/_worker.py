@@ -45,9 +45,6 @@ REAP_INTERVAL = 1.0
 MISS_DELAYS = (0.0, 0.02, 0.1, 0.25, 0.5, 1.0)
 #: Deadlocks met by a checkout in a row before the worker gives up.
 TRANSIENT_LIMIT = 10
-#: With all slots busy and more work due, the loop refills when a quarter of the slots are
-#: free, or this long after the first one freed up: one round trip serves several jobs.
-REFILL_WINDOW = 0.002
 
 
 @dataclass
@@ -202,7 +199,7 @@ class Worker:
                     continue
                 if self.opts.until_idle:
                     if self.slots is not None and self.slots.busy:
-                        self._wait_for_slots(self.slots.size)  # their children may be due next
+                        self._wait_for_slots(self.slots.capacity)  # their children may be due next
                         continue
                     if self._idle_reaped:
                         return
@@ -382,12 +379,17 @@ class Worker:
     # -- lease mode, several jobs at once ------------------------------------------------------
 
     def _fill_slots(self) -> int:
-        """Give every free slot a job (one round trip for all); with none free, wait for some."""
+        """Hand every free place a job (one round trip for all); with too few free, wait.
+
+        The slots hold a few jobs more than they run at once (see ``Slots``): the loop refills
+        once half of those extra ones have started, so a round trip is never on the way of a
+        slot that frees up."""
         slots = self.slots
         assert slots is not None
-        if not slots.free or (self._backlog and slots.free < max(1, slots.size // 4)):
-            self._wait_for_slots(max(1, slots.size // 4))
-            if not slots.free:
+        refill_at = max(1, slots.prefetch // 2)
+        if self._backlog and slots.free < refill_at:
+            self._wait_for_slots(refill_at)
+            if slots.free < refill_at:
                 return 1  # still full (a beat may be due): look again
         free = slots.free
         jobs = self._checkout(self._remaining(free))
@@ -402,20 +404,22 @@ class Worker:
             raise Abort()
         self.stopper.in_job = True  # a second signal hands the running jobs back
         try:
-            timeout = max(0.01, min(self.keeper.seconds_to_beat(), 1.0))
-            if not self.slots.free:
-                self.slots.wait(1, timeout)  # the first slot that frees up ...
-            self.slots.wait(free, REFILL_WINDOW)  # ... and those that follow it closely
+            self.slots.wait(free, max(0.01, min(self.keeper.seconds_to_beat(), 1.0)))
         finally:
             self.stopper.in_job = False
 
     def _finish_running(self) -> None:
-        """After the loop: let the jobs still running end (a second signal hands them back)."""
-        if self.slots is None or not self.slots.busy:
+        """After the loop: hand back the jobs no slot has begun, let the running ones end (a
+        second signal hands them back too)."""
+        if self.slots is None:
+            return
+        if self.stop_requested:  # (a count reached lets every job handed over run)
+            self._release(self.slots.take_unstarted())
+        if not self.slots.busy:
             return
         log.info("waiting for %d running job(s) to end", self.slots.busy)
         while self.slots.busy:
-            self._wait_for_slots(self.slots.size)
+            self._wait_for_slots(self.slots.capacity)
             if self.conn is not None:
                 self.keeper.beat_if_due(self.conn)
 
