@@ -43,11 +43,12 @@ def _forward(method: Callable[Concatenate[JobQueue, P], R]) -> Callable[Concaten
 
 class AsyncJobQueue:
     """The job queue, bound to a SQLAlchemy ``AsyncSession`` (psycopg 3's async driver,
-    ``postgresql+psycopg://``): the operations of :class:`~postjob_sa.JobQueue`, awaitable,
-    with the same arguments, validation and errors.
+    ``postgresql+psycopg://``, or asyncpg): the operations of :class:`~postjob_sa.JobQueue`,
+    awaitable, with the same arguments, validation and errors.
 
     ``worker_engine`` is a sync Engine the worker entry points (``step``, ``drain``,
-    ``work``) take their connections from; by default one is made from the session's URL.
+    ``work``) take their connections from; by default one is made from the session's URL
+    (with psycopg 3).
     """
 
     def __init__(
@@ -110,7 +111,8 @@ class AsyncJobQueue:
         if not isinstance(bind, AsyncEngine):
             raise InvalidArgument("AsyncJobQueue's session must be bound to an AsyncEngine, or "
                                   "pass worker_engine=")
-        return create_engine(bind.url), True
+        # the worker's connections are sync ones: psycopg 3, whatever the async driver
+        return create_engine(bind.url.set(drivername="postgresql+psycopg")), True
 
     async def _run(self, *, handle_signals: bool = False, **options: Any) -> int:
         engine, ours = self._engine()

@@ -29,9 +29,13 @@ async def nap(seconds: float) -> str:
     return "rested"
 
 
-def _run(db_url: URL, body: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+ASYNC_DRIVERS = ["postgresql+psycopg", "postgresql+asyncpg"]
+
+
+def _run(db_url: URL, body: Callable[[AsyncEngine], Awaitable[T]],
+         driver: str = "postgresql+psycopg") -> T:
     async def main() -> T:
-        engine = create_async_engine(db_url.set(drivername="postgresql+psycopg"))
+        engine = create_async_engine(db_url.set(drivername=driver))
         try:
             return await body(engine)
         finally:
@@ -53,7 +57,10 @@ def orders(engine: Engine, clean: None) -> Engine:
     return engine
 
 
-def test_enqueue_commits_with_the_apps_rows_and_goes_with_a_rollback(db_url: URL, orders: Engine) -> None:
+@pytest.mark.parametrize("driver", ASYNC_DRIVERS)
+def test_enqueue_commits_with_the_apps_rows_and_goes_with_a_rollback(
+    db_url: URL, orders: Engine, driver: str
+) -> None:
     async def body(engine: AsyncEngine) -> None:
         async with AsyncSession(engine) as s:
             job = await AsyncJobQueue(s, registry=reg).enqueue(double, 21)
@@ -65,7 +72,7 @@ def test_enqueue_commits_with_the_apps_rows_and_goes_with_a_rollback(db_url: URL
             await s.execute(text("INSERT INTO aq_orders (job_id) VALUES (:j)"), {"j": job.id})
             await s.commit()
 
-    _run(db_url, body)
+    _run(db_url, body, driver)
     assert _count(orders, "SELECT count(*) FROM postjob.postjobs") == 1
     assert _count(orders, "SELECT count(*) FROM aq_orders o JOIN postjob.postjobs j ON j.id = o.job_id") == 1
 
@@ -89,7 +96,10 @@ def test_bad_input_fails_before_anything_is_written_and_the_session_stays_usable
     assert _count(orders, "SELECT count(*) FROM postjob.postjobs") == 1
 
 
-def test_checkout_in_the_callers_transaction_skips_what_another_holds(db_url: URL, orders: Engine) -> None:
+@pytest.mark.parametrize("driver", ASYNC_DRIVERS)
+def test_checkout_in_the_callers_transaction_skips_what_another_holds(
+    db_url: URL, orders: Engine, driver: str
+) -> None:
     async def body(engine: AsyncEngine) -> None:
         async with AsyncSession(engine) as s:
             await AsyncJobQueue(s, registry=reg).enqueue_many(double, [[i] for i in range(5)])
@@ -106,12 +116,13 @@ def test_checkout_in_the_callers_transaction_skips_what_another_holds(db_url: UR
             await s1.commit()
             await s2.rollback()
 
-    _run(db_url, body)
+    _run(db_url, body, driver)
     assert _count(orders, "SELECT string_agg(status::text, ',' ORDER BY id) FROM postjob.postjobs") \
         == "ok,failed,processing,ready,ready"  # s2's checkout was rolled back
 
 
-def test_the_worker_entry_points_run_async_workflows(db_url: URL, orders: Engine) -> None:
+@pytest.mark.parametrize("driver", ASYNC_DRIVERS)
+def test_the_worker_entry_points_run_async_workflows(db_url: URL, orders: Engine, driver: str) -> None:
     async def body(engine: AsyncEngine) -> None:
         async with AsyncSession(engine) as s:
             q = AsyncJobQueue(s, fast_mode=True, registry=reg, concurrency=4)
@@ -124,7 +135,7 @@ def test_the_worker_entry_points_run_async_workflows(db_url: URL, orders: Engine
             await s.commit()
             assert await q.work(count=1) == 1
 
-    _run(db_url, body)
+    _run(db_url, body, driver)
     assert _count(orders, "SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'") == 8
 
 
