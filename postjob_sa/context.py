@@ -65,8 +65,18 @@ class ChildHandle:
     _key: _ChildKey
     _row: dict[str, Any] | None = None
 
+    def _in_run(self) -> None:
+        """Refuse use outside the run that made this handle (NotInJob, not the internal
+        Pending a wait would raise there)."""
+        if _current.get() is not self._ctx:
+            raise NotInJob(
+                f"this handle of a child of job {self._ctx.job.id} is used outside the run that "
+                "spawned it: use it inside that workflow, while it runs"
+            )
+
     def _loaded(self) -> dict[str, Any]:
         if self._row is None:
+            self._in_run()
             self._ctx.flush_children()
             self._row = self._ctx.children.get(self._key) or self._ctx.find_child(self._key)
         return self._row
@@ -87,12 +97,15 @@ class ChildHandle:
         if row["workflow"] != MANUAL_WORKFLOW:
             raise NotInJob(f"job {row['id']} is not a manual job and has no token")
         if "token" not in row:  # created on first use, then remembered for this run
+            self._in_run()
             row["token"] = str(self._ctx.db.scalar(_sql.MANUAL_TOKEN, {"job_id": row["id"]}))
         return str(row["token"])
 
     def result(self) -> Any:
         """The child's result; raises ChildFailed if it failed or timed out; otherwise the
-        parent sleeps until the child ends and then re-runs from the top."""
+        parent sleeps until the child ends and then re-runs from the top. Outside the run
+        that spawned the child it raises NotInJob."""
+        self._in_run()
         row = self._loaded()
         status = Status(row["status"])
         if status is Status.ok:
