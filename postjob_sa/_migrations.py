@@ -29,7 +29,6 @@ VERSION_LOCATION = "postjob_sa:alembic/versions"
 VERSION_TABLE = "postjob_alembic_version"
 #: A host's history that takes the schema over drops the standalone version table.
 DROP_VERSION_TABLE_SQL = "DROP TABLE IF EXISTS postjob_alembic_version"
-BRANCH = "postjob"
 MIGRATE_HINT = (
     "run `postjob db migrate`, or in an app whose Alembic migrations install it, "
     "`alembic upgrade head` (after `postjob db revision` when postjob_sa was upgraded)"
