@@ -29,6 +29,7 @@ from postjob_sa._keeper import Keeper
 from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
 from postjob_sa._recorder import Recorder
 from postjob_sa._transactional import TransactionalRunner
+from postjob_sa._unknown import UnknownWorkflows
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.registry import Registry
 
@@ -90,6 +91,7 @@ class Worker:
         )
         self.tx_runner = TransactionalRunner(engine, registry, lease=options.lease,
                                              fast_mode=options.fast_mode)
+        self.unknown = UnknownWorkflows()  # due jobs no running worker knows: warn
         self.conn: Conn | None = None
         self.ran = 0  # runs finished (recorded or not yet)
         self.tx_recorded = 0
@@ -112,6 +114,7 @@ class Worker:
                 self._connect()
                 assert self.conn is not None
                 self.keeper.register(self.conn)
+                self.unknown.check(self.conn)
                 self.keeper.start()
                 self._loop()
             finally:
@@ -215,6 +218,7 @@ class Worker:
 
     def _wait(self) -> None:
         assert self.conn is not None
+        self.unknown.check_if_due(self.conn)
         now = time.monotonic()
         reap = now - self._last_reap >= REAP_INTERVAL
         if reap:
