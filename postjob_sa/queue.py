@@ -27,6 +27,7 @@ from postjob_sa.registry import Registry, Workflow, default_registry
 
 DEFAULT_LEASE = 60.0
 DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_QUEUE = "q"
 
 
 def _workflow_name(workflow: Workflow[Any, Any] | str) -> tuple[str, Workflow[Any, Any] | None]:
@@ -105,7 +106,7 @@ class JobQueue:
     ) -> dict[str, Any]:
         return {
             "queue": _validate.name(queue, "queue") if queue is not None
-            else (wf.queue if wf and wf.queue else "q"),
+            else (wf.queue if wf and wf.queue else DEFAULT_QUEUE),
             "max_attempts": _validate.max_attempts(max_attempts)
             or (wf.max_attempts if wf and wf.max_attempts else DEFAULT_MAX_ATTEMPTS),
             "timeout": _validate.seconds(timeout, "timeout")
