@@ -36,9 +36,9 @@ def _refuse(value: Any) -> Any:
     for types, what, hint in _HINTS:
         if isinstance(value, types):
             verb = "are" if what == "bytes" else "is"
-            raise TypeError(f"{what} {verb} not a JSON value: {hint}")
+            raise TypeError(f"{what} {verb} not JSON: {hint}")
     raise TypeError(
-        f"a {type(value).__name__} is not a JSON value (JSON has strings, numbers, booleans, "
+        f"a {type(value).__name__} is not JSON (JSON has strings, numbers, booleans, "
         "null, lists, and objects with string keys)"
     )
 

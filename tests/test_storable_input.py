@@ -156,17 +156,17 @@ def test_a_backslash_before_u0000_is_stored_not_taken_for_a_nul(engine: Engine, 
 # -- types JSON has no value for -----------------------------------------------------------
 
 TYPE_CASES: list[tuple[Any, str]] = [
-    (Decimal("19.99"), "a Decimal is not a JSON value: use str(value), and Decimal(text) "
+    (Decimal("19.99"), "a Decimal is not JSON: use str(value), and Decimal(text) "
                        "to read it back"),
     (datetime(2030, 1, 2, 3, 4, tzinfo=UTC),
-     "a datetime is not a JSON value: use value.isoformat(), and datetime.fromisoformat(text) "
+     "a datetime is not JSON: use value.isoformat(), and datetime.fromisoformat(text) "
      "to read it back"),
-    (date(2030, 1, 2), "a date is not a JSON value: use value.isoformat(), and "
+    (date(2030, 1, 2), "a date is not JSON: use value.isoformat(), and "
                        "date.fromisoformat(text) to read it back"),
-    (uuid.UUID(int=7), "a UUID is not a JSON value: use str(value), and uuid.UUID(text) to read "
+    (uuid.UUID(int=7), "a UUID is not JSON: use str(value), and uuid.UUID(text) to read "
                        "it back"),
-    ({1, 2}, "a set is not a JSON value: use a list, e.g. sorted(value)"),
-    (b"raw", "bytes are not a JSON value: use text, e.g. base64.b64encode(value).decode()"),
+    ({1, 2}, "a set is not JSON: use a list, e.g. sorted(value)"),
+    (b"raw", "bytes are not JSON: use text, e.g. base64.b64encode(value).decode()"),
 ]
 
 
@@ -192,6 +192,6 @@ def test_a_workflow_returning_a_decimal_fails_with_how_to_return_it(engine: Engi
                                 "WHERE id = :i"), {"i": job_id}).one()
     assert tuple(row) == (
         "failed", "postjob_sa.errors.ResultNotJSON",
-        "the workflow returned a value that cannot be stored as JSON: a Decimal is not a JSON "
-        "value: use str(value), and Decimal(text) to read it back",
+        "the workflow returned a value that cannot be stored as JSON: a Decimal is not JSON: "
+        "use str(value), and Decimal(text) to read it back",
     )
