@@ -135,7 +135,7 @@ def _warn_if_main(fn: Callable[..., Any], name: str, depth: int) -> None:
         f"workflow {name!r} is defined in a script run directly, and its jobs are stored under "
         f"that name: a worker that imports the script (postjob run --import {module}) knows it "
         f"as '{module}.{fn.__qualname__}' and never runs them. Name it, "
-        f"@postjob_sa.workflow(name=\"{fn.__qualname__}\"), or define it in a module you import",
+        f"@postjob_sa.workflow(name='{fn.__qualname__}'), or define it in a module you import",
         stacklevel=depth + 1,
     )
 

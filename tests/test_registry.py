@@ -86,7 +86,7 @@ def test_a_workflow_in_a_script_run_directly_warns_with_the_fix(tmp_path: Path) 
         f"{tmp_path / 'tasks.py'}:4: UserWarning: workflow '__main__.ping' is defined in a script "
         "run directly, and its jobs are stored under that name: a worker that imports the script "
         "(postjob run --import tasks) knows it as 'tasks.ping' and never runs them. Name it, "
-        "@postjob_sa.workflow(name=\"ping\"), or define it in a module you import",
+        "@postjob_sa.workflow(name='ping'), or define it in a module you import",
         "  @postjob_sa.workflow(registry=postjob_sa.Registry())",
     ]  # one warning: the named workflow is fine
     res = _run(tmp_path, "-c", "import tasks")  # imported, as a worker does: no warning
