@@ -190,6 +190,8 @@ class Job(Base):
         the one this object was loaded with: after a worker ran the job, read it again
         (``session.refresh(job)``, or a new session)."""
         status = self.status
+        if status is None:  # added to a session, not flushed yet
+            raise InvalidJobState("this job has not been written yet: it has no result")
         if status is Status.ok:
             return self.results[0] if isinstance(self.results, list) and self.results else None
         if status in FINAL_STATUSES:

@@ -172,6 +172,8 @@ def test_the_result_of_a_job_that_has_not_run_says_how_to_get_it(engine: Engine,
     with pytest.raises(InvalidJobState) as caught:
         failing.result()
     assert str(caught.value) == f"job {failing.id} ended failed, without a result: ValueError: boom"
+    with pytest.raises(InvalidJobState, match="^this job has not been written yet: it has no result$"):
+        postjob_sa.Job(workflow="misuse.echo").result()
 
 
 @pytest.fixture
