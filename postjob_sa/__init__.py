@@ -8,7 +8,10 @@ jobs and wait for them, re-running from the top when a child finishes.
 
 from __future__ import annotations
 
-from postjob_sa import migrations
+from postjob_sa import (
+    _alembic_quiet,  # noqa: F401  (first: it imports alembic quietly)
+    migrations,
+)
 from postjob_sa._migrations import VERSION_LOCATION, downgrade, include_object, migrate
 from postjob_sa.async_queue import AsyncJobQueue
 from postjob_sa.context import (

@@ -11,13 +11,41 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
+from datetime import date, datetime, time
+from decimal import Decimal
 from typing import Any
 
 #: jsonb refuses documents near 256 MiB; refuse well before the server has to.
 MAX_DOCUMENT_BYTES = 128 << 20
 
+#: How to pass a common value JSON has no type for (the first match counts: datetime before date).
+_HINTS: tuple[tuple[type | tuple[type, ...], str, str], ...] = (
+    (Decimal, "a Decimal", "use str(value), and Decimal(text) to read it back"),
+    (datetime, "a datetime", "use value.isoformat(), and datetime.fromisoformat(text) to read it back"),
+    (date, "a date", "use value.isoformat(), and date.fromisoformat(text) to read it back"),
+    (time, "a time", "use value.isoformat(), and time.fromisoformat(text) to read it back"),
+    (uuid.UUID, "a UUID", "use str(value), and uuid.UUID(text) to read it back"),
+    ((set, frozenset), "a set", "use a list, e.g. sorted(value)"),
+    ((bytes, bytearray), "bytes", "use text, e.g. base64.b64encode(value).decode()"),
+)
+
+
+def _refuse(value: Any) -> Any:
+    """The encoder's answer to a value JSON has no type for: how to pass it instead."""
+    for types, what, hint in _HINTS:
+        if isinstance(value, types):
+            verb = "are" if what == "bytes" else "is"
+            raise TypeError(f"{what} {verb} not JSON: {hint}")
+    raise TypeError(
+        f"a {type(value).__name__} is not JSON (JSON has strings, numbers, booleans, "
+        "null, lists, and objects with string keys)"
+    )
+
+
 # One strict encoder, reused (json.dumps with options builds a new one per call).
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False,
+                            default=_refuse)
 # A JSON escape of NUL: an odd run of backslashes before u0000 (an even run is an escaped
 # backslash followed by the six characters "u0000", which PostgreSQL stores).
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")

@@ -142,10 +142,6 @@ class Keeper:
                 self._held.pop(i, None)
                 self._lost.discard(i)
 
-    def is_lost(self, job_id: int) -> bool:
-        with self._lock:
-            return job_id in self._lost
-
     # -- beating -------------------------------------------------------------------------------
 
     def seconds_to_beat(self) -> float:

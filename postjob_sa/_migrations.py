@@ -6,7 +6,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from alembic.command import downgrade as _alembic_downgrade
 from alembic.command import upgrade as _alembic_upgrade
@@ -14,8 +14,10 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import Script, ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.exc import DBAPIError
 
 from postjob_sa import _sql
+from postjob_sa._db import sqlstate
 from postjob_sa.errors import SchemaError
 from postjob_sa.models import SCHEMA
 
@@ -27,7 +29,6 @@ VERSION_LOCATION = "postjob_sa:alembic/versions"
 VERSION_TABLE = "postjob_alembic_version"
 #: A host's history that takes the schema over drops the standalone version table.
 DROP_VERSION_TABLE_SQL = "DROP TABLE IF EXISTS postjob_alembic_version"
-BRANCH = "postjob"
 MIGRATE_HINT = (
     "run `postjob db migrate`, or in an app whose Alembic migrations install it, "
     "`alembic upgrade head` (after `postjob db revision` when postjob_sa was upgraded)"
@@ -39,6 +40,8 @@ HOST_MANAGED = (
 )
 
 Bind = Engine | Connection | str
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def read_revision(scalar: Callable[[str], Any]) -> str | None:
@@ -189,6 +192,39 @@ def check_revision(installed: str | None, oldest_served: str | None = None) -> N
         f"the postjob schema is at revision {installed}, which no longer serves this code "
         f"(written for {head}): upgrade postjob_sa where this runs"
     )
+
+
+#: SQLSTATEs of a statement that met no postjob schema (invalid_schema_name, undefined_table),
+#: or one older than the code (undefined_function).
+_SCHEMA_MISSING_STATES = ("3F000", "42P01")
+_SCHEMA_OLD_STATES = ("42883",)
+
+
+def schema_error(exc: BaseException) -> SchemaError | None:
+    """The SchemaError (with what to run) that a statement's error means, if it means one."""
+    state = sqlstate(exc)
+    if state not in _SCHEMA_MISSING_STATES + _SCHEMA_OLD_STATES or "postjob" not in str(exc):
+        return None
+    if state in _SCHEMA_MISSING_STATES:
+        return SchemaError(f"the postjob schema is missing from this database: {MIGRATE_HINT}")
+    return SchemaError(f"the postjob schema in this database is older than this code: {MIGRATE_HINT}")
+
+
+def schema_checked(fn: Callable[P, R]) -> Callable[P, R]:
+    """Decorate an API call: a statement that met no postjob schema (or an older one) raises
+    the SchemaError of :func:`schema_error`, not the driver's UndefinedTable."""
+
+    @functools.wraps(fn)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except DBAPIError as exc:
+            error = schema_error(exc)
+            if error is None:
+                raise
+            raise error from exc
+
+    return checked
 
 
 def check_schema(conn: Connection) -> None:

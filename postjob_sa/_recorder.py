@@ -142,12 +142,22 @@ class Recorder:
             log_outcome(outcome, status)
 
 
+#: What a failed run's recorded status means, by (outcome, status recorded).
+_FAILURE_NOTES = {
+    ("err", "err"): "will retry",
+    ("err", "failed"): "no attempts left",
+    ("failed", "failed"): "not retried",
+}
+
+
 def log_outcome(outcome: Outcome, status: str) -> None:
+    """One line per run: at INFO when it went well, at WARNING with the error class and
+    message (and the status the database recorded) when it failed; the traceback at INFO."""
     took = f"{outcome.duration * 1000:.1f} ms"
     if outcome.kind in ("err", "failed"):
-        then = {"err": "will retry", "failed": "failed for good"}.get(status, status)
-        log.warning("%s: %s: %s (after %s; %s)", outcome.describe(), outcome.error,
-                    outcome.message, took, then)
+        note = _FAILURE_NOTES.get((outcome.kind, status))
+        log.warning("%s: %s in %s%s: %s: %s", outcome.describe(), status, took,
+                    f" ({note})" if note else "", outcome.error, outcome.message)
         if outcome.backtrace and log.isEnabledFor(logging.INFO):
             frames = json.loads(outcome.backtrace)
             log.info("%s: traceback (most recent call last):\n  %s", outcome.describe(),

@@ -151,3 +151,30 @@ JOBS_RESET = text("SELECT postjob.reset_jobs(CAST(:ids AS bigint[]))")
 JOB_FORCE = text("SELECT postjob.force_job(CAST(:id AS bigint))")
 
 JOBS_REAP = text("SELECT postjob.reap_v2()")
+
+# -- jobs no running worker knows (postjob_sa._unknown) --------------------------------------
+
+#: The workflows of due jobs that no live worker has registered, with how many jobs are due for
+#: each, most first. The distinct workflows of runnable jobs are found by a loose index scan of
+#: the runnable index (one probe per workflow, however many jobs wait), so the cost grows with
+#: the number of workflows and of the jobs no worker knows, never with the size of the table.
+#: Manual steps wait for a person, not a worker: never counted.
+WORKFLOWS_UNKNOWN = (
+    "WITH RECURSIVE names(workflow) AS ("
+    "  SELECT min(workflow) FROM postjob.postjobs WHERE status IN ('ready', 'err') "
+    "  UNION ALL "
+    "  SELECT (SELECT min(p.workflow) FROM postjob.postjobs p "
+    "          WHERE p.status IN ('ready', 'err') AND p.workflow > n.workflow) "
+    "  FROM names n WHERE n.workflow IS NOT NULL) "
+    "SELECT u.workflow, u.jobs FROM ("
+    "  SELECT n.workflow, (SELECT count(*) FROM postjob.postjobs p "
+    "     WHERE p.status IN ('ready', 'err') AND p.workflow = n.workflow "
+    "     AND p.next_run_at <= now()) AS jobs "
+    "  FROM names n WHERE n.workflow IS NOT NULL AND n.workflow <> '__manual__' "
+    "  AND NOT EXISTS (SELECT 1 FROM postjob.workers w "
+    "                  WHERE w.expires_at > now() AND n.workflow = ANY (w.workflows))) u "
+    "WHERE u.jobs > 0 ORDER BY u.jobs DESC, u.workflow"
+)
+
+#: The workflows each live worker has registered (one row per worker).
+WORKERS_LIVE = text("SELECT workflows FROM postjob.workers WHERE expires_at > now()")

@@ -28,6 +28,7 @@ from postjob_sa._recorder import Recorder
 from postjob_sa._runner import JobLoop, Slots
 from postjob_sa._signals import Abort, Stopper, WakeUp
 from postjob_sa._transactional import TransactionalRunner
+from postjob_sa._unknown import UnknownWorkflows
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.registry import Registry
 
@@ -96,6 +97,7 @@ class Worker:
         self.slots = (Slots(options.concurrency, engine, self.job_loop, self._on_done)
                       if options.concurrency > 1 else None)
         self.stopper = Stopper()
+        self.unknown = UnknownWorkflows()  # due jobs no running worker knows: warn
         self.conn: Conn | None = None
         self.started = 0  # jobs handed to a run
         self.ran = 0  # runs that ended
@@ -129,6 +131,7 @@ class Worker:
                 self._connect()
                 assert self.conn is not None
                 self.keeper.register(self.conn)
+                self.unknown.check(self.conn)
                 self.keeper.start()
                 self._loop()
                 self._finish_running()
@@ -248,6 +251,7 @@ class Worker:
 
     def _wait(self) -> None:
         assert self.conn is not None
+        self.unknown.check_if_due(self.conn)
         now = time.monotonic()
         reap = now - self._last_reap >= REAP_INTERVAL
         if reap:

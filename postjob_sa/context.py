@@ -70,12 +70,23 @@ class ChildHandle:
     _key: _ChildKey
     _row: dict[str, Any] | None = None
 
+    def _in_run(self) -> None:
+        """Refuse use outside the run that made this handle (NotInJob, not the internal
+        Pending a wait would raise there)."""
+        if _current.get() is not self._ctx:
+            raise NotInJob(
+                f"this handle of a child of job {self._ctx.job.id} is used outside the run that "
+                "spawned it: use it inside that workflow, while it runs"
+            )
+
     def _loaded(self) -> dict[str, Any]:
+        self._in_run()
         if self._row is None:
             self._row = self._ctx.child(self._key)
         return self._row
 
     async def _loaded_async(self) -> dict[str, Any]:
+        self._in_run()
         if self._row is None:
             self._row = await self._ctx.child_async(self._key)
         return self._row
@@ -113,7 +124,8 @@ class ChildHandle:
 
     def result(self) -> Any:
         """The child's result; raises ChildFailed if it failed or timed out; otherwise the
-        parent sleeps until the child ends and then re-runs from the top."""
+        parent sleeps until the child ends and then re-runs from the top. Outside the run
+        that spawned the child it raises NotInJob."""
         return _result_of(self._loaded())
 
     def __await__(self) -> Generator[Any, None, Any]:

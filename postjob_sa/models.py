@@ -28,6 +28,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from postjob_sa.errors import InvalidJobState
+
 SCHEMA = "postjob"
 MANUAL_WORKFLOW = "__manual__"
 
@@ -181,12 +183,25 @@ class Job(Base):
         {"schema": SCHEMA},
     )
 
-    @property
     def result(self) -> Any:
-        """The job's result (``results[0]``), or None when it has none."""
-        if isinstance(self.results, list) and self.results:
-            return self.results[0]
-        return None
+        """The result of a job that ended ``ok`` (``results[0]``).
+
+        A job that has not ended ``ok`` has no result: InvalidJobState says why. The state is
+        the one this object was loaded with: after a worker ran the job, read it again
+        (``session.refresh(job)``, or a new session)."""
+        status = self.status
+        if status is None:  # added to a session, not flushed yet
+            raise InvalidJobState("this job has not been written yet: it has no result")
+        if status is Status.ok:
+            return self.results[0] if isinstance(self.results, list) and self.results else None
+        if status in FINAL_STATUSES:
+            raise InvalidJobState(f"job {self.id} ended {status.value}, without a result: "
+                                  f"{self.error or ''}: {self.error_message or ''}".rstrip(": "))
+        raise InvalidJobState(
+            f"job {self.id} is {status.value}: it has no result yet. A worker runs it once the "
+            "transaction that enqueued it has committed (in tests: JobQueue(session).drain()); "
+            "then read it again (session.refresh(job)) and call job.result()"
+        )
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.workflow} {self.status.value if self.status else None}>"

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, make_transient_to_detached
 from postjob_sa import _sql, _validate
 from postjob_sa._db import check_driver, worker_identifier
 from postjob_sa._executor import MAX_MESSAGE_CHARS, Outcome, error_name, finish_params
+from postjob_sa._migrations import schema_checked
 from postjob_sa._worker import Worker, WorkerOptions
 from postjob_sa.errors import InvalidArgument, InvalidJobState, JobNotFound
 from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, Job, Status
@@ -26,6 +27,7 @@ from postjob_sa.registry import Registry, Workflow, default_registry
 
 DEFAULT_LEASE = 60.0
 DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_QUEUE = "q"
 
 
 def _workflow_name(workflow: Workflow[Any, Any] | str) -> tuple[str, Workflow[Any, Any] | None]:
@@ -114,7 +116,7 @@ class JobQueue:
     ) -> dict[str, Any]:
         return {
             "queue": _validate.name(queue, "queue") if queue is not None
-            else (wf.queue if wf and wf.queue else "q"),
+            else (wf.queue if wf and wf.queue else DEFAULT_QUEUE),
             "max_attempts": _validate.max_attempts(max_attempts)
             or (wf.max_attempts if wf and wf.max_attempts else DEFAULT_MAX_ATTEMPTS),
             "timeout": _validate.seconds(timeout, "timeout")
@@ -124,6 +126,7 @@ class JobQueue:
             "run_at": _validate.run_at(run_at),
         }
 
+    @schema_checked
     def enqueue(
         self,
         workflow_or_name: Workflow[Any, Any] | str,
@@ -173,6 +176,7 @@ class JobQueue:
         self.session.add(job)
         return job
 
+    @schema_checked
     def enqueue_many(
         self,
         workflow_or_name: Workflow[Any, Any] | str,
@@ -208,6 +212,7 @@ class JobQueue:
 
     # -- checkout in the caller's transaction ------------------------------------------------
 
+    @schema_checked
     def checkout(
         self,
         workflows: Iterable[str] | None = None,
@@ -235,12 +240,14 @@ class JobQueue:
         if outcome.job_id not in accepted:
             raise InvalidJobState(f"job {outcome.job_id} is not checked out under this lease")
 
+    @schema_checked
     def complete(self, job: Job, result: Any = None) -> None:
         """Record a checked-out job's result (in the caller's transaction)."""
         payload = _validate.to_json([result], "result")
         self._finish(Outcome(job.id, job.lease_token, "ok", result=payload, version=job.workflow_version))
         self.session.expire(job)
 
+    @schema_checked
     def fail(self, job: Job, error: BaseException, *, retry: bool = True) -> None:
         """Record a failed run of a checked-out job: retried with back-off when ``retry``."""
         if not isinstance(error, BaseException):
@@ -303,6 +310,7 @@ class JobQueue:
             raise JobNotFound(f"no job has the id {job_id}")
         return str(status)
 
+    @schema_checked
     def resolve(self, token: str | uuid.UUID, result: Any = None, *, error: str | None = None) -> int:
         """Finish a manual job by its token: ok with ``result``, or failed with ``error``
         (a message). Wakes its parent. Returns the job id."""
@@ -331,6 +339,7 @@ class JobQueue:
         )
         return int(job_id)
 
+    @schema_checked
     def reset(self, *ids: int) -> list[int]:
         """Make these jobs (and their failed or timed-out descendants) ready again, attempts
         and errors cleared, with a fresh deadline. Returns the ids reset. A running job is
@@ -353,6 +362,7 @@ class JobQueue:
         ids_reset = self.session.execute(_sql.JOBS_RESET, {"ids": checked}).scalar_one()
         return list(ids_reset)
 
+    @schema_checked
     def force(self, job_id: int) -> None:
         """Run a ready, err or sleeping job as soon as possible."""
         status = self._require_job(_validate.job_id(job_id))
@@ -360,6 +370,7 @@ class JobQueue:
             raise InvalidJobState(f"job {job_id} is {status}: only ready, err or sleep jobs can be forced")
         self.session.execute(_sql.JOB_FORCE, {"id": job_id})
 
+    @schema_checked
     def reap(self) -> int:
         """Time out jobs past their deadline and fail over jobs whose lease expired (zombies);
         return how many. Every checkout does this too; call it from cron when no worker runs."""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from postjob_sa import _validate
@@ -74,9 +77,12 @@ class Registry:
         if wf.name == MANUAL_WORKFLOW:
             raise InvalidArgument(f"{MANUAL_WORKFLOW} is reserved for manual jobs")
         old = self.workflows.get(wf.name)
-        if old is not None and old.fn is not wf.fn and old.fn.__qualname__ != wf.fn.__qualname__:
+        # the same function again (a module reloaded) replaces itself; another one is refused
+        if old is not None and _where(old.fn) != _where(wf.fn):
             raise InvalidArgument(
-                f"workflow {wf.name!r} is already registered for {old.fn.__module__}.{old.fn.__qualname__}"
+                f"workflow name {wf.name!r} is taken by {_where(old.fn)}: {_where(wf.fn)} "
+                "cannot be registered under it too; give one of them another name "
+                "(@postjob_sa.workflow(name=...))"
             )
         self.workflows[wf.name] = wf
 
@@ -101,6 +107,45 @@ class Registry:
             out_names.append(wf.name)
             out_versions.append(wf.version)
         return out_names, out_versions
+
+
+def _where(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of a function, as error messages name it."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _check_session_parameter(fn: Callable[..., Any], name: str) -> None:
+    """A transactional workflow receives the worker's Session first: it needs a parameter."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): let the call tell
+        return
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)
+    if not any(p.kind in positional for p in params):
+        raise InvalidArgument(
+            f"workflow {name!r} is transactional: the worker passes its Session as the first "
+            f"argument, but {_where(fn)} takes no positional parameter "
+            "(e.g. def send(session: Session, ...))"
+        )
+
+
+def _warn_if_main(fn: Callable[..., Any], name: str, depth: int) -> None:
+    """A workflow defined in a script run directly is named ``__main__.…``: a worker that
+    imports the script knows it by another name, and the jobs would wait for ever."""
+    if fn.__module__ != "__main__":
+        return
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    path = getattr(main, "__file__", None)
+    module = spec.name if spec is not None else Path(path).stem if path else "your_module"
+    warnings.warn(
+        f"workflow {name!r} is defined in a script run directly, and its jobs are stored under "
+        f"that name: a worker that imports the script (postjob run --import {module}) knows it "
+        f"as '{module}.{fn.__qualname__}' and never runs them. Name it, "
+        f"@postjob_sa.workflow(name='{fn.__qualname__}'), or define it in a module you import",
+        stacklevel=depth + 1,
+    )
 
 
 #: The registry ``@workflow`` adds to and ``JobQueue`` uses unless given another.
@@ -144,8 +189,12 @@ def workflow(
     Session first and its writes commit together with the job's completion.
     """
 
-    def register(f: Callable[..., Any]) -> Workflow[Any, Any]:
+    def register(f: Callable[..., Any], _depth: int = 2) -> Workflow[Any, Any]:
         wf_name = name if name is not None else f"{f.__module__}.{f.__qualname__}"
+        if transactional:
+            _check_session_parameter(f, wf_name)
+        if name is None:
+            _warn_if_main(f, wf_name, _depth)
         wf = Workflow(
             fn=f,
             name=_validate.name(wf_name, "workflow name"),
@@ -159,5 +208,5 @@ def workflow(
         return wf
 
     if fn is not None:
-        return register(fn)
+        return register(fn, 3)
     return register

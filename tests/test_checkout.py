@@ -115,7 +115,7 @@ def test_version_is_stamped_and_pins_re_runs(session: Session) -> None:
     session.commit()
     assert q.drain() == 1
     session.refresh(job)
-    assert job.status is Status.ok and job.workflow_version == "2.0" and job.result == "two"
+    assert job.status is Status.ok and job.workflow_version == "2.0" and job.result() == "two"
 
 
 def test_complete_and_fail_in_the_callers_transaction(session: Session) -> None:
@@ -127,7 +127,7 @@ def test_complete_and_fail_in_the_callers_transaction(session: Session) -> None:
     q.fail(second, ValueError("nope"), retry=False)
     session.commit()
     session.refresh(first), session.refresh(second)
-    assert first.status is Status.ok and first.result == {"done": True}
+    assert first.status is Status.ok and first.result() == {"done": True}
     assert second.status is Status.failed and second.error_message == "nope"
     with pytest.raises(InvalidJobState):
         q.complete(first, 1)  # no longer checked out under that lease

@@ -173,3 +173,24 @@ def test_prune_deletes_old_final_trees_in_batches(cli: Any, engine: Engine) -> N
         left = sorted(r[0] for r in conn.execute(text("SELECT root_id FROM postjob.postjobs")))
     assert left == sorted([ids[2], ids[2], ids[3], ids[3]])
     assert json.loads(cli("ps", "--json").stdout)["jobs"][0]["id"] == ids[3]
+
+
+def test_enqueue_without_import_says_the_workflow_defaults_do_not_apply(cli: Any, engine: Engine) -> None:
+    res = cli("job", "enqueue", "demo.measure", '"word"')
+    assert res.returncode == 0, res.stderr
+    job = _job(engine, int(res.stdout))
+    assert (job["queue"], job["max_attempts"], job["timeout"]) == ("q", 5, None)  # not demo's 3
+    assert res.stderr.splitlines() == [
+        "postjob: note: demo.measure was not imported (--import MODULE), so its "
+        "@postjob_sa.workflow defaults do not apply: the job has queue 'q', max_attempts 5, "
+        "no timeout"]
+    res = cli("job", "enqueue", "demo.measure", '"word"', "--max-attempts", "3", "--queue", "q")
+    assert res.stderr.splitlines() == [
+        "postjob: note: demo.measure was not imported (--import MODULE), so its "
+        "@postjob_sa.workflow defaults do not apply: the job has no timeout"]
+    res = cli("job", "enqueue", "demo.measure", '"word"', "--import", "postjob_sa.demo")
+    assert res.returncode == 0 and res.stderr == ""
+    help_text = " ".join(cli("job", "enqueue", "--help").stdout.split())
+    assert ("Without --import, the defaults of the workflow's @postjob_sa.workflow(...) are not "
+            "known: the job gets the options given here, else queue q, 5 attempts and no "
+            "timeout") in help_text

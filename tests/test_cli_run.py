@@ -66,6 +66,11 @@ def test_run_bad_input(cli: Any, engine: Engine, args: list[str], needle: str) -
     assert _statuses(engine)[ids[0]][0] == "ready"
 
 
+def _workers(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM postjob.workers")).scalar_one())
+
+
 def _lines(stream: Any) -> tuple[queue.Queue[str], threading.Thread]:
     out: queue.Queue[str] = queue.Queue()
 
@@ -151,3 +156,33 @@ def test_demo_runs_a_tree_to_the_end_and_again(cli: Any, engine: Engine) -> None
             statuses = conn.execute(text("SELECT DISTINCT status::text FROM postjob.postjobs "
                                          "WHERE root_id = :r"), {"r": root}).scalars().all()
         assert statuses == ["ok"], run
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_run_stops_on_ctrl_c_or_sigterm_with_status_0(
+    db_url: URL, engine: Engine, clean: None, signum: int
+) -> None:
+    """A worker asked to stop has done what it was asked: its exit status is 0, not 130."""
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM postjob.workers"))
+    proc = subprocess.Popen(
+        [POSTJOB, "--database-url", url_string(db_url), "run", "--import", "postjob_sa.demo"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    (lines, pump), seen = _lines(proc.stderr), []
+    try:
+        _wait_for(lines, r"worker pid \d+ started", seen)
+        deadline = time.monotonic() + 15  # registered: its signal handlers are in place
+        while time.monotonic() < deadline and not _workers(engine):
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=15) == 0
+        name = signal.Signals(signum).name
+        _wait_for(lines, rf"received {name}: stopping after the current job", seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        pump.join(timeout=5)
+        proc.stderr.close()

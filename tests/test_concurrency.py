@@ -157,7 +157,7 @@ def test_an_async_manual_step(engine: Engine, clean: None) -> None:
         assert _drain(engine, concurrency=2) == 1
         s.expire_all()
         job = s.get(postjob_sa.Job, parent)
-        assert job is not None and job.result == "yes"
+        assert job is not None and job.result() == "yes"
 
 
 txreg = Registry()

@@ -141,7 +141,7 @@ def test_signup_enqueues_in_the_request_transaction(app_engine: Engine, example:
     assert example.module("worker").main(["--drain"]) == 1
     [done] = _jobs(app_engine)
     assert done.status is Status.ok, (done.error, done.error_message)
-    assert done.result == "ada@example.com"
+    assert done.result() == "ada@example.com"
     with Session(app_engine) as s:
         signup = s.scalars(select(Signup)).one()
         assert signup.welcome_job_id == job.id

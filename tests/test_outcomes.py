@@ -184,7 +184,7 @@ def test_an_expired_lease_is_reaped_as_a_zombie_and_the_late_write_is_rejected(
     assert _job(session, job.id).status is Status.processing
     q.complete(fresh, "fresh")
     session.commit()
-    assert _job(session, job.id).result == "fresh"
+    assert _job(session, job.id).result() == "fresh"
 
 
 def test_heartbeat_keeps_a_long_job_alive(session: Session) -> None:

@@ -38,6 +38,6 @@ def test_run_jobs_runs_until_idle_including_retries(session: Session) -> None:
     q.enqueue(greet, "ada")
     q.enqueue(flaky)
     assert run_jobs(session, registry=reg) == 4
-    assert [j.result for j in enqueued(session, greet)] == ["hello ada"]
+    assert [j.result() for j in enqueued(session, greet)] == ["hello ada"]
     (job,) = enqueued(session, flaky)
-    assert job.status is Status.ok and job.result == "finally" and job.failed_attempts == 2
+    assert job.status is Status.ok and job.result() == "finally" and job.failed_attempts == 2

@@ -200,7 +200,7 @@ def test_step_transactional_runs_a_plain_workflow_in_the_session(engine: Engine,
         s.commit()
         assert q.step(transactional=True) == job.id
         s.refresh(job)
-        assert job.status is Status.ok and job.result == "in a transaction"
+        assert job.status is Status.ok and job.result() == "in a transaction"
 
 
 @pytest.fixture

@@ -16,16 +16,23 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from postjob_sa.models import Job
+from postjob_sa._unknown import Served
+from postjob_sa.models import MANUAL_WORKFLOW, Job
 
 STATUS_STYLES = {
     "ok": "green", "failed": "bold red", "timeout": "red", "err": "yellow",
     "processing": "cyan", "sleep": "blue", "ready": "",
 }
+#: How ps shows a manual step that waits (its status is ready): a person finishes it.
+AWAITS_TOKEN = "awaits token"
+#: Added to the status of a waiting job whose workflow no running worker knows.
+NO_WORKER = "(no worker)"
 PS_COLUMNS = (
     "id", "workflow", "status", "attempts", "result", "next_run_in", "age", "processing",
     "worker", "tags",
 )
+#: Columns left out of a table where every row has them empty.
+_OPTIONAL = frozenset({"result", "next_run_in", "processing", "worker", "tags"})
 
 
 def console(*, stderr: bool = False) -> Console:
@@ -78,7 +85,18 @@ def tags_text(tags: dict[str, Any] | None) -> str:
     return ",".join(f"{k}:{v}" for k, v in sorted((tags or {}).items()))
 
 
-def ps_fields(row: dict[str, Any], *, full_id: bool = False) -> dict[str, str]:
+def status_text(row: dict[str, Any], served: Served | None) -> str:
+    """The status as ps shows it: a waiting manual step awaits its token; a waiting job
+    whose workflow no running worker knows says so."""
+    status = str(row["status"])
+    if row["workflow"] == MANUAL_WORKFLOW and status == "ready":
+        return AWAITS_TOKEN
+    if served is not None and served.unknown(row["workflow"], status):
+        return f"{status} {NO_WORKER}"
+    return status
+
+
+def ps_fields(row: dict[str, Any], *, full_id: bool = False, served: Served | None = None) -> dict[str, str]:
     """One job as the strings of the ps columns."""
     now = row["db_now"]
     processing = ""
@@ -94,7 +112,7 @@ def ps_fields(row: dict[str, Any], *, full_id: bool = False) -> dict[str, str]:
     return {
         "id": str(row["full_id"] if full_id else row["id"]),
         "workflow": row["workflow"] + (f"@{version}" if version else ""),
-        "status": row["status"],
+        "status": status_text(row, served),
         "attempts": f"{row['failed_attempts']}/{row['max_attempts']}",
         "result": result_text(row),
         "next_run_in": duration(_seconds_between(row["next_run_at"], now)),
@@ -107,37 +125,75 @@ def ps_fields(row: dict[str, Any], *, full_id: bool = False) -> dict[str, str]:
 
 #: Columns that give way when the terminal is narrow, with their widest (the others keep
 #: their natural width).
-_FLEXIBLE = {"workflow": 40, "result": 48, "worker": 40, "tags": 32}
+_FLEXIBLE = {"workflow": 48, "result": 48, "worker": 40, "tags": 32}
+#: The workflow column keeps at least this much (a name cut short says nothing); it is cut
+#: on the left, so the function's own name shows.
+_WORKFLOW_MIN = 24
 
 
 def _fit(natural: dict[str, int], width: int) -> dict[str, int]:
     """Column widths for a table of this total width: fixed columns at their natural width,
-    the rest share what is left, the narrow ones first (water-filling)."""
+    the rest share what is left, the narrow ones first (water-filling), the workflow column
+    never under its floor."""
     widths = {n: w for n, w in natural.items() if n not in _FLEXIBLE}
     left = width - sum(widths.values()) - 3 * (len(natural) - 1)  # padding and rule
     flexible = sorted((n for n in natural if n in _FLEXIBLE), key=lambda n: natural[n])
+    floor = {n: min(natural[n], _WORKFLOW_MIN) if n == "workflow" else 0 for n in flexible}
+    left -= sum(floor.values())  # reserved: the narrower columns cannot take it
     for i, name in enumerate(flexible):
+        left += floor[name]
         share = max(left // (len(flexible) - i), 4)
-        widths[name] = min(natural[name], _FLEXIBLE[name], share)
+        widths[name] = min(natural[name], _FLEXIBLE[name], max(share, floor[name]))
         left -= widths[name]
     return widths
 
 
-def ps_table(rows: list[dict[str, Any]], *, width: int, full_id: bool = False) -> Table:
-    all_fields = [ps_fields(row, full_id=full_id) for row in rows]
-    natural = {n: max([len(n), *(len(f[n]) for f in all_fields)]) for n in PS_COLUMNS}
+def cut_left(text: str, width: int) -> str:
+    """``text`` in ``width`` characters, its beginning given up ("…orders.send_invoice")."""
+    return text if len(text) <= width else "…" + text[len(text) - width + 1:]
+
+
+def ps_table(rows: list[dict[str, Any]], *, width: int, full_id: bool = False,
+             served: Served | None = None) -> Table:
+    """The ps table at this width. A column that is empty in every row is left out (its room
+    goes to the others); the workflow column keeps the end of a long name."""
+    all_fields = [ps_fields(row, full_id=full_id, served=served) for row in rows]
+    columns = [c for c in PS_COLUMNS if c not in _OPTIONAL or any(f[c] for f in all_fields)]
+    natural = {n: max([len(n), *(len(f[n]) for f in all_fields)]) for n in columns}
     widths = _fit(natural, width)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
-    for name in PS_COLUMNS:
+    for name in columns:
         table.add_column(
             name, no_wrap=True, overflow="ellipsis", width=widths[name],
+            min_width=widths[name] if name in ("id", "workflow", "status") else None,
             justify="right" if name in ("id", "attempts", "next_run_in", "age") else "left",
         )
     for fields in all_fields:
-        cells: list[RenderableType] = [Text(fields[c]) for c in PS_COLUMNS]
-        cells[2] = Text(fields["status"], style=STATUS_STYLES.get(fields["status"], ""))
-        table.add_row(*cells)
+        fields["workflow"] = cut_left(fields["workflow"], widths["workflow"])
+        table.add_row(*[Text(fields[c], style=_status_style(fields[c]) if c == "status" else "")
+                        for c in columns])
     return table
+
+
+def _status_style(shown: str) -> str:
+    if shown.endswith(NO_WORKER):
+        return "bold yellow"
+    return "magenta" if shown == AWAITS_TOKEN else STATUS_STYLES.get(shown, "")
+
+
+def no_worker_note(rows: list[dict[str, Any]], served: Served) -> str | None:
+    """What the "(no worker)" marks of these rows mean, or None when there are none."""
+    names = sorted({r["workflow"] for r in rows if served.unknown(r["workflow"], r["status"])})
+    if not names:
+        return None
+    if not served.workers:
+        return ("(no worker): no worker is running, so nothing runs these jobs; start one: "
+                "postjob run --import MODULE")
+    them = "it" if len(names) == 1 else "them"
+    return (f"(no worker): none of the {served.workers} running worker"
+            f"{'' if served.workers == 1 else 's'} knows {', '.join(names)}; start a worker "
+            f"that imports {them} (postjob run --import MODULE) or fix the name"
+            f"{'' if len(names) == 1 else 's'}")
 
 
 def json_ready(value: Any) -> Any:
@@ -152,8 +208,9 @@ def json_ready(value: Any) -> Any:
     return value
 
 
-def ps_json(row: dict[str, Any]) -> dict[str, Any]:
-    """A job for scripts: raw fields plus the computed seconds of the ps columns."""
+def ps_json(row: dict[str, Any], served: Served | None = None) -> dict[str, Any]:
+    """A job for scripts: raw fields plus the computed seconds of the ps columns, and
+    ``no_worker``: it waits for a workflow no running worker knows."""
     now = row["db_now"]
     out = {k: v for k, v in row.items() if k != "db_now"}
     out["next_run_in"] = _seconds_between(row["next_run_at"], now)
@@ -162,6 +219,7 @@ def ps_json(row: dict[str, Any]) -> dict[str, Any]:
         _seconds_between(now, row["processing_started_at"]) if row["status"] == "processing" else None
     )
     out["result"] = row["results"][0] if row["status"] == "ok" and row["results"] else None
+    out["no_worker"] = served is not None and served.unknown(row["workflow"], row["status"])
     return json_ready(out)  # type: ignore[no-any-return]
 
 
@@ -197,7 +255,7 @@ def show_table(fields: dict[str, Any]) -> Table:
     return table
 
 
-def tree_table(tree: list[dict[str, Any]]) -> Table:
+def tree_table(tree: list[dict[str, Any]], served: Served | None = None) -> Table:
     """One job tree, children indented under their parents."""
     base = len(str(tree[0]["full_id"]).split("."))
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
@@ -206,7 +264,7 @@ def tree_table(tree: list[dict[str, Any]]) -> Table:
                          justify="right" if name in ("attempts", "age") else "left")
     for row in tree:
         depth = len(str(row["full_id"]).split(".")) - base
-        fields = ps_fields(row, full_id=True)
+        fields = ps_fields(row, full_id=True, served=served)
         label = Text("  " * depth + ("└ " if depth else ""))
         label.append(f"{row['id']} ", style="bold")
         label.append(fields["workflow"])
@@ -214,11 +272,15 @@ def tree_table(tree: list[dict[str, Any]]) -> Table:
             args = compact_json(row["args"])
             label.append(" " + (args if len(args) <= 40 else args[:39] + "…"), style="dim")
         table.add_row(
-            label, Text(fields["status"], style=STATUS_STYLES.get(fields["status"], "")),
+            label, Text(fields["status"], style=_status_style(fields["status"])),
             fields["attempts"], fields["result"], fields["age"],
         )
     return table
 
 
-def trees(all_trees: list[list[dict[str, Any]]]) -> Group:
-    return Group(*[tree_table(t) for t in all_trees])
+def trees(all_trees: list[list[dict[str, Any]]], served: Served | None = None) -> Group:
+    parts: list[RenderableType] = [tree_table(t, served) for t in all_trees]
+    note = served and no_worker_note([r for t in all_trees for r in t], served)
+    if note:
+        parts.append(Text(note, style="yellow"))
+    return Group(*parts)

@@ -56,8 +56,6 @@ MANUAL_TOKENS_OF_TREE = text(
     "AND j.status NOT IN ('ok', 'failed', 'timeout') ORDER BY j.id"
 )
 
-TOKEN_EXISTS = text("SELECT 1 FROM postjob.tokens WHERE token = CAST(:token AS uuid)")
-
 #: The cut-off of a prune, on the server's clock, fixed once for all its batches.
 PRUNE_CUTOFF = text("SELECT now() - make_interval(secs => :seconds)")
 

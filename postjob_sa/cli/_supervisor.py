@@ -11,13 +11,14 @@ import time
 from dataclasses import dataclass, field
 from types import FrameType
 
+from ._errors import EXIT_BAD_INPUT
+
 log = logging.getLogger("postjob_sa.cli")
 
 POLL_INTERVAL = 0.2
 #: A child that dies sooner than this after its start waits longer before each restart.
 STABLE_AFTER = 10.0
 RESTART_DELAYS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-EXIT_BAD_INPUT = 2
 
 
 @dataclass

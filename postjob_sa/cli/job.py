@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from postjob_sa.errors import InvalidArgument
-from postjob_sa.queue import JobQueue
+from postjob_sa.queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, JobQueue
 from postjob_sa.registry import Workflow, default_registry
 
 from . import _parse, _query
@@ -39,12 +39,14 @@ def job() -> None:
 @click.argument("args", nargs=-1)
 @click.option("--queue", help="Queue name (default: the workflow's, else q).")
 @click.option("--tags", metavar="K:V,…", help="Tags, e.g. customer:42,kind:report.")
-@click.option("--max-attempts", type=int, help="Runs before the job fails (default 5).")
+@click.option("--max-attempts", type=int, help="Runs before the job fails (default: the workflow's "
+              "with --import, else 5).")
 @click.option("--timeout", metavar="DURATION", help="Deadline, e.g. 90s, 10m, 2h.")
 @click.option("--run-at", metavar="ISO-8601", help="Not before this time (local unless an offset is given).")
 @click.option("--workflow-version", "version", help="The workflow version the job needs.")
 @click.option("--import", "modules", multiple=True, metavar="MODULE",
-              help="Import a workflow module first; its defaults (queue, version, …) apply.")
+              help="Import a workflow module first: the workflow must exist, and its own defaults "
+              "(queue, max attempts, timeout) apply. Without it they are not known here.")
 @click.pass_obj
 def job_enqueue(
     app: App, workflow: str, args: tuple[str, ...], queue: str | None, tags: str | None,
@@ -52,7 +54,11 @@ def job_enqueue(
     modules: tuple[str, ...],
 ) -> None:
     """Enqueue a root job of WORKFLOW; each ARG is JSON (quote strings: '"text"').
-    Prints the new job's id."""
+    Prints the new job's id.
+
+    Without --import, the defaults of the workflow's @postjob_sa.workflow(...) are not
+    known: the job gets the options given here, else queue q, 5 attempts and no timeout
+    (a note on stderr says which)."""
     values = [_parse.json_value(a, f"argument {i}") for i, a in enumerate(args, 1)]
     parsed_tags = _parse.tags(tags)
     seconds = _parse.duration(timeout, "timeout") if timeout is not None else None
@@ -71,6 +77,20 @@ def job_enqueue(
         )
         session.commit()
         click.echo(new.id)
+    if not modules:
+        _note_defaults(workflow, queue, max_attempts, seconds)
+
+
+def _note_defaults(workflow: str, queue: str | None, max_attempts: int | None,
+                   timeout: float | None) -> None:
+    """Say which of the job's settings come from the table, not from the workflow."""
+    assumed = [f"queue {DEFAULT_QUEUE!r}" if queue is None else "",
+               f"max_attempts {DEFAULT_MAX_ATTEMPTS}" if max_attempts is None else "",
+               "no timeout" if timeout is None else ""]
+    if any(assumed):
+        click.echo(f"postjob: note: {workflow} was not imported (--import MODULE), so its "
+                   f"@postjob_sa.workflow defaults do not apply: the job has "
+                   f"{', '.join(a for a in assumed if a)}", err=True)
 
 
 @job.command("reset")

@@ -17,6 +17,8 @@ from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from postjob_sa._unknown import Served, served
+
 from . import _parse, _query, _render
 from ._env import App
 
@@ -40,7 +42,7 @@ def _filters(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _listing(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | None,
-             limit: int) -> tuple[_query.Listing, bool]:
+             limit: int) -> tuple[_query.Listing, bool, Served]:
     job_ids = _parse.job_ids(ids)
     tags_json = _parse.tags_json(tags)
     chosen = _parse.statuses(statuses)
@@ -48,13 +50,18 @@ def _listing(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | N
     with app.connect_checked() as conn:
         listing = _query.list_jobs(conn, ids=job_ids or None, tags_json=tags_json,
                                    statuses=chosen, limit=limit)
-    return listing, bool(job_ids)
+        workers = served(conn)
+    return listing, bool(job_ids), workers
 
 
-def _view(listing: _query.Listing, full_id: bool, limit: int, width: int) -> RenderableType:
+def _view(listing: _query.Listing, full_id: bool, limit: int, width: int,
+          workers: Served) -> RenderableType:
     parts: list[RenderableType] = []
     if listing.rows:
-        parts.append(_render.ps_table(listing.rows, full_id=full_id, width=width))
+        parts.append(_render.ps_table(listing.rows, full_id=full_id, width=width, served=workers))
+        note = _render.no_worker_note(listing.rows, workers)
+        if note:
+            parts.append(Text(note, style="yellow"))
     else:
         parts.append(Text("no jobs", style="dim"))
     if listing.more:
@@ -76,12 +83,13 @@ def ps() -> None:
 def ps_list(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | None,
             limit: int, as_json: bool) -> None:
     """List jobs."""
-    listing, with_ids = _listing(app, ids, tags, statuses, limit)
+    listing, with_ids, workers = _listing(app, ids, tags, statuses, limit)
     if as_json:
-        _render.print_json({"jobs": [_render.ps_json(r) for r in listing.rows], "more": listing.more})
+        _render.print_json({"jobs": [_render.ps_json(r, workers) for r in listing.rows],
+                            "more": listing.more})
         return
     console = _render.console()
-    console.print(_view(listing, with_ids, limit, console.width))
+    console.print(_view(listing, with_ids, limit, console.width, workers))
 
 
 @contextlib.contextmanager
@@ -131,10 +139,10 @@ def ps_top(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | Non
     console = _render.console()
 
     def frame() -> RenderableType:
-        listing, with_ids = _listing(app, ids, tags, statuses, limit)
+        listing, with_ids, workers = _listing(app, ids, tags, statuses, limit)
         stamp = time.strftime("%H:%M:%S")
         header = Text(f"postjob top  {stamp}  {app.display_url()}  (q quits)", style="bold")
-        return Group(header, _view(listing, with_ids, limit, console.width))
+        return Group(header, _view(listing, with_ids, limit, console.width, workers))
 
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     shown = 0
@@ -183,7 +191,8 @@ def ps_full(app: App, ids: tuple[str, ...], as_json: bool) -> None:
     job_ids = _parse.job_ids(ids)
     with app.connect_checked() as conn:
         found = _query.subtrees(conn, job_ids)
+        workers = served(conn)
     if as_json:
-        _render.print_json([[_render.ps_json(r) for r in tree] for tree in found])
+        _render.print_json([[_render.ps_json(r, workers) for r in tree] for tree in found])
         return
-    _render.console().print(_render.trees(found))
+    _render.console().print(_render.trees(found, workers))
