@@ -101,23 +101,27 @@ def test_the_heartbeat_keeps_a_job_longer_than_its_lease(runs: Engine) -> None:
 
 
 def test_a_row_locked_by_the_app_stalls_neither_the_heartbeat_nor_the_batch(runs: Engine) -> None:
-    """Two jobs of 2 s in one batch, a lease of 1 s, and an application transaction that holds
-    the first job's row locked for the whole time: each job still runs exactly once."""
+    """Two jobs of 2 s in one batch of one worker, a lease of 1 s, and an application
+    transaction that holds the first job's row locked for the whole time: each job still runs
+    exactly once (a heartbeat that waited for that lock would let the second job's lease end,
+    and the rescuer would run it too)."""
     with Session(runs) as s:
         q = JobQueue(s, registry=reg)
         first = q.enqueue(slow, 2.0).id
         second = q.enqueue(slow, 2.0).id
         s.commit()
     worker = _work(runs, 2, 2)
-    with Rescuer(runs):
-        deadline = time.monotonic() + 10
-        while first not in _starts(runs) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        with runs.connect() as app:
-            app.begin()
-            app.execute(text("SELECT 1 FROM postjob.postjobs WHERE id = :i FOR UPDATE"), {"i": first})
-            time.sleep(3.5)  # the first job ends meanwhile; the second runs on
-            app.rollback()
+    deadline = time.monotonic() + 10
+    while first not in _starts(runs) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with runs.connect() as conn:  # one worker holds both, the first one running
+        assert conn.execute(text("SELECT count(*) FROM postjob.postjobs "
+                                 "WHERE status = 'processing'")).scalar() == 2
+    with runs.connect() as app, Rescuer(runs):
+        app.begin()
+        app.execute(text("SELECT 1 FROM postjob.postjobs WHERE id = :i FOR UPDATE"), {"i": first})
+        time.sleep(3.5)  # the first job ends meanwhile; the second runs on
+        app.rollback()
         worker.join(30)
     assert _starts(runs) == {first: 1, second: 1}
     with runs.connect() as conn:
@@ -150,3 +154,26 @@ def test_checkout_in_the_callers_transaction_locks_only_what_it_hands_out(
     with Session(engine) as s:
         assert JobQueue(s, registry=reg).reap() == 1  # reaping is reap()'s and the workers' job
         s.commit()
+
+
+def test_a_job_on_a_live_worker_is_never_reaped_whatever_its_lease_says(runs: Engine) -> None:
+    """The worker's row beats; the job's own lease is past (as when another transaction held
+    its row while the heartbeat came): reap() leaves it, and it runs once."""
+    with Session(runs) as s:
+        job_id = JobQueue(s, registry=reg).enqueue(slow, 1.5).id
+        s.commit()
+    worker = _work(runs, 1, 1)
+    deadline = time.monotonic() + 10
+    while job_id not in _starts(runs) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with runs.begin() as conn:
+        conn.execute(text("UPDATE postjob.postjobs SET lease_expires_at = now() - interval '5 s' "
+                          "WHERE id = :i"), {"i": job_id})
+    with Session(runs) as s:
+        assert JobQueue(s).reap() == 0
+        s.commit()
+    worker.join(30)
+    assert _starts(runs) == {job_id: 1}
+    with runs.connect() as conn:
+        assert conn.execute(text("SELECT status::text FROM postjob.postjobs WHERE id = :i"),
+                            {"i": job_id}).scalar() == "ok"
