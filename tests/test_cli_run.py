@@ -179,7 +179,7 @@ def test_run_stops_on_ctrl_c_or_sigterm_with_status_0(
         proc.send_signal(signum)
         assert proc.wait(timeout=15) == 0
         name = signal.Signals(signum).name
-        _wait_for(lines, rf"received {name}: stopping after the current job", seen)
+        _wait_for(lines, rf"received {name}: stopping after the running jobs", seen)
     finally:
         if proc.poll() is None:
             proc.kill()

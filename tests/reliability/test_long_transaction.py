@@ -17,16 +17,16 @@ BATCH = 1500
 HOLD = 30.0
 
 
-def _batch(engine: Engine) -> float:
-    """Enqueue BATCH jobs at once; jobs per second until all are ok."""
+def _batch(engine: Engine, size: int = BATCH) -> float:
+    """Enqueue ``size`` jobs at once; jobs per second until all are ok."""
     with Session(engine) as s:
-        ids = JobQueue(s).enqueue_many("rel.record", [[k] for k in range(BATCH)])
+        ids = JobQueue(s).enqueue_many("rel.record", [[k] for k in range(size)])
         s.commit()
     started = time.monotonic()
     wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.postjobs WHERE status = 'ok' "
-                                    "AND id BETWEEN :a AND :b", a=ids[0], b=ids[-1]) == BATCH,
-             HOLD, f"a batch of {BATCH} jobs ok", interval=0.05)
-    return BATCH / (time.monotonic() - started)
+                                    "AND id BETWEEN :a AND :b", a=ids[0], b=ids[-1]) == size,
+             HOLD, f"a batch of {size} jobs ok", interval=0.05)
+    return size / (time.monotonic() - started)
 
 
 def test_an_idle_in_transaction_snapshot_slows_but_does_not_stop_the_workers(
@@ -37,6 +37,9 @@ def test_an_idle_in_transaction_snapshot_slows_but_does_not_stop_the_workers(
     wait_listening(engine, 2, procs)
     _batch(engine)  # warm-up: connections, prepared statements, caches
     without = _batch(engine)
+    # batches of about 2 s at the rate measured without the snapshot: several fit in its 30 s
+    # on a fast machine and on a loaded one alike
+    size = max(100, min(BATCH, int(without * 2)))
 
     holder = engine.connect()
     during: list[float] = []
@@ -49,8 +52,8 @@ def test_an_idle_in_transaction_snapshot_slows_but_does_not_stop_the_workers(
                              p=holder.execute(text("SELECT pg_backend_pid()")).scalar())
         assert state == "idle in transaction" and xmin is not None
         # batches for as long as the snapshot is held (the last one may end a bit after)
-        while time.monotonic() - began < HOLD - 2 * (BATCH / (during[-1] if during else without)):
-            during.append(_batch(engine))
+        while time.monotonic() - began < HOLD - 2 * (size / (during[-1] if during else without)):
+            during.append(_batch(engine, size))
         time.sleep(max(0.0, HOLD - (time.monotonic() - began)))
         held = time.monotonic() - began
     finally:
