@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 from alembic.config import Config
-from psycopg2 import sql as pgsql
 
+from postjob_sa._db import DRIVER_LABELS
 from postjob_sa._host_history import write_revision
 from postjob_sa._migrations import downgrade as downgrade_schema
 from postjob_sa._migrations import head_revision, installed_revision, migrate, schema_manager
@@ -62,11 +62,13 @@ def db_status(app: App, as_json: bool) -> None:
         installed, manager = installed_revision(conn), schema_manager(conn)
     head = head_revision()
     state = "up to date" if installed == head else "missing" if installed is None else "behind"
+    driver = str(app.engine.dialect.driver)
     if as_json:
-        print_json({"database": app.display_url(), "installed": installed, "head": head,
-                    "state": state, "managed_by": manager})
+        print_json({"database": app.display_url(), "driver": driver, "installed": installed,
+                    "head": head, "state": state, "managed_by": manager})
         return
     click.echo(f"database:  {app.display_url()} ({app.source})")
+    click.echo(f"driver:    {DRIVER_LABELS[driver]}")
     click.echo(f"installed: {installed or '-'}")
     click.echo(f"head:      {head}")
     if manager is not None:
@@ -137,20 +139,19 @@ def db_grant(app: App, role: str) -> None:
         if superuser is None:
             raise InvalidArgument(f"no role named {name!r} in this database cluster "
                                   "(create the role first, with LOGIN)")
+        quoted, grants = conn.execute(statements.ROLE_GRANTS, {"role": name}).one()
         dbapi = conn.connection.dbapi_connection
         assert dbapi is not None
-        identifier = pgsql.Identifier(name)
+        # The statements come from the server with the role quoted in them; they run without
+        # parameters, so neither driver reads a '%' in the role's name as a placeholder.
         cur: Any = dbapi.cursor()
-        done = []
         try:
-            for grant in statements.ROLE_GRANTS:
-                statement = grant.format(role=identifier)
+            for statement in grants:
                 cur.execute(statement)
-                done.append(statement.as_string(cur))
         finally:
             cur.close()
         conn.commit()
-    for line in done:
+    for line in grants:
         click.echo(line)
     note = " (a superuser: it needs no grants)" if superuser else ""
-    click.echo(f"granted to {identifier.as_string(dbapi)} on {app.display_url()}{note}")
+    click.echo(f"granted to {quoted} on {app.display_url()}{note}")
