@@ -13,9 +13,16 @@ from alembic.config import Config
 
 from postjob_sa._db import DRIVER_LABELS
 from postjob_sa._host_history import write_revision
+from postjob_sa._migrations import (
+    check_revision,
+    head_revision,
+    installed_revision,
+    migrate,
+    read_oldest_served,
+    schema_manager,
+)
 from postjob_sa._migrations import downgrade as downgrade_schema
-from postjob_sa._migrations import head_revision, installed_revision, migrate, schema_manager
-from postjob_sa.errors import InvalidArgument
+from postjob_sa.errors import InvalidArgument, SchemaError
 
 from . import _statements as statements
 from ._env import App
@@ -60,8 +67,9 @@ def db_status(app: App, as_json: bool) -> None:
     """Show the installed revision next to the newest one this code has, and what manages it."""
     with app.engine.connect() as conn:
         installed, manager = installed_revision(conn), schema_manager(conn)
+        oldest_served = read_oldest_served(lambda sql: conn.exec_driver_sql(sql).scalar())
     head = head_revision()
-    state = "up to date" if installed == head else "missing" if installed is None else "behind"
+    state = _state(installed, oldest_served, head)
     driver = str(app.engine.dialect.driver)
     if as_json:
         print_json({"database": app.display_url(), "driver": driver, "installed": installed,
@@ -73,8 +81,30 @@ def db_status(app: App, as_json: bool) -> None:
     click.echo(f"head:      {head}")
     if manager is not None:
         click.echo(f"managed:   {MANAGERS[manager]}")
-    hint = "" if state == "up to date" else f"  (run: {UPGRADE_HINTS[manager or 'postjob']})"
+    hint = STATE_HINTS.get(state, f"  (run: {UPGRADE_HINTS[manager or 'postjob']})")
     click.echo(f"state:     {state}{hint}")
+
+
+#: A schema newer than this code: workers of this code keep working on it while it serves them.
+STATE_HINTS = {
+    "up to date": "",
+    "newer": "  (it still serves this code: upgrade postjob_sa where this runs when you can)",
+    "too new": "  (it no longer serves this code: upgrade postjob_sa where this runs)",
+}
+
+
+def _state(installed: str | None, oldest_served: str | None, head: str) -> str:
+    if installed is None:
+        return "missing"
+    if installed == head:
+        return "up to date"
+    if installed < head:
+        return "behind"
+    try:
+        check_revision(installed, oldest_served)
+    except SchemaError:
+        return "too new"
+    return "newer"
 
 
 @db.command("downgrade")
