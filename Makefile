@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install test lint typecheck docs pytest demo clean screenshots
+.PHONY: install test lint typecheck docs pytest test-other-driver demo clean screenshots
 
 include bench/Makefile.inc
 
@@ -28,10 +28,25 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-pytest: $(STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+# The suite runs on one psycopg driver (POSTJOB_TEST_DRIVER: psycopg, i.e. psycopg 3, by
+# default, or psycopg2); the modules that reach the database through every path (enqueue,
+# checkout, worker, workflows, transactional jobs, edges, CLI) run again on the other.
+POSTJOB_TEST_DRIVER ?= psycopg
+OTHER_DRIVER := $(if $(filter psycopg2,$(POSTJOB_TEST_DRIVER)),psycopg,psycopg2)
+OTHER_DRIVER_TESTS := tests/test_drivers.py tests/test_enqueue.py tests/test_checkout.py \
+	tests/test_worker.py tests/test_worker_edges.py tests/test_workflows.py \
+	tests/test_workflow_races.py tests/test_transactional.py tests/test_fencing.py \
+	tests/test_leases.py tests/test_isolation.py tests/test_outcomes.py tests/test_bad_input.py \
+	tests/test_cli_db.py tests/test_cli_job.py tests/test_cli_ps.py tests/test_cli_run.py \
+	tests/reliability/test_least_privilege.py tests/reliability/test_listen_loss.py
 
-test: lint typecheck docs pytest
+pytest: $(STAMP)
+	POSTJOB_TEST_DRIVER=$(POSTJOB_TEST_DRIVER) $(BIN)/pytest $(PYTEST_ARGS)
+
+test-other-driver: $(STAMP)
+	POSTJOB_TEST_DRIVER=$(OTHER_DRIVER) $(BIN)/pytest $(PYTEST_ARGS) $(OTHER_DRIVER_TESTS)
+
+test: lint typecheck docs pytest test-other-driver
 
 # the dashboard's screenshots in docs/img/ (headless Chromium on a scratch database)
 screenshots: $(STAMP)

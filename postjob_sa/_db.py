@@ -17,12 +17,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 
 from postjob_sa.errors import InvalidArgument
 
-#: SQLAlchemy driver names postjob_sa works with, and how to ask for each in a URL.
-SUPPORTED_DRIVERS = {"psycopg2": "postgresql+psycopg2://", "psycopg": "postgresql+psycopg://"}
+#: SQLAlchemy driver names postjob_sa works with, and how to ask for each in a URL. A bare
+#: ``postgresql://`` means SQLAlchemy's default: psycopg 3 from SQLAlchemy 2.1 on, psycopg2 before.
+SUPPORTED_DRIVERS = {"psycopg": "postgresql+psycopg://", "psycopg2": "postgresql+psycopg2://"}
+#: How each driver is called in prose.
+DRIVER_LABELS = {"psycopg": "psycopg 3", "psycopg2": "psycopg2"}
 
 #: SQLSTATEs of a connection that is gone or refused (besides class 08, connection exception).
 _CONNECTION_STATES = {"57P01", "57P02", "57P03", "53300"}
@@ -42,15 +46,33 @@ class Failure(enum.Enum):
     FATAL = "fatal"  # anything else (permissions, a missing function): stop and say so
 
 
+def unsupported_driver(what: str) -> InvalidArgument:
+    """The one error for a driver other than the two supported ones (``what`` names it)."""
+    return InvalidArgument(
+        f"postjob_sa works with PostgreSQL through psycopg 3 or psycopg2, not {what}: use a "
+        f"postgresql://, {' or '.join(SUPPORTED_DRIVERS.values())} URL"
+    )
+
+
+def _check(name: str, driver: str, is_async: bool) -> str:
+    if name != "postgresql" or driver not in SUPPORTED_DRIVERS or is_async:
+        raise unsupported_driver(f"{name}+{driver}{' (asyncio)' if is_async else ''}")
+    return driver
+
+
 def check_driver(engine: Engine) -> str:
     """The engine's driver name, or InvalidArgument naming the supported ones."""
-    driver = engine.dialect.driver
-    if engine.dialect.name != "postgresql" or driver not in SUPPORTED_DRIVERS:
-        raise InvalidArgument(
-            f"postjob_sa works with PostgreSQL through psycopg 3 or psycopg2, not "
-            f"{engine.dialect.name}+{driver}: use a {' or '.join(SUPPORTED_DRIVERS.values())} URL"
-        )
-    return str(driver)
+    return _check(engine.dialect.name, str(engine.dialect.driver), engine.dialect.is_async)
+
+
+def check_url(url: URL) -> str:
+    """The driver a URL means (as SQLAlchemy resolves it: ``postgresql://`` is its default
+    driver), or InvalidArgument naming the supported ones. Imports no driver."""
+    try:
+        dialect = url.get_dialect()
+    except NoSuchModuleError:
+        raise unsupported_driver(url.drivername) from None
+    return _check(str(dialect.name), str(dialect.driver), bool(dialect.is_async))
 
 
 def sqlstate(exc: BaseException) -> str | None:

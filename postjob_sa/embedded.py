@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from postjob_sa.errors import PostjobError
+from postjob_sa._db import SUPPORTED_DRIVERS
+from postjob_sa.errors import InvalidArgument, PostjobError
 
 INSTALL_HINT = "pip install 'postjob_sa[embedded]'"
 
@@ -54,8 +55,11 @@ def server(path: Path | None = None) -> Any:
     return _server
 
 
-def database_url(path: Path | None = None, database: str = "postgres") -> str:
-    """A SQLAlchemy URL (psycopg2) to a database of the embedded server."""
+def database_url(path: Path | None = None, database: str = "postgres", driver: str = "psycopg") -> str:
+    """A SQLAlchemy URL to a database of the embedded server, for ``driver``: ``"psycopg"``
+    (psycopg 3, the default) or ``"psycopg2"``."""
+    if driver not in SUPPORTED_DRIVERS:
+        raise InvalidArgument(f"driver must be one of {', '.join(SUPPORTED_DRIVERS)}, not {driver!r}")
     srv = server(path)
     socket_dir = str(srv.pgdata)
-    return f"postgresql+psycopg2://postgres@/{database}?host={socket_dir}"
+    return f"postgresql+{driver}://postgres@/{database}?host={socket_dir}"

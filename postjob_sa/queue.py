@@ -72,6 +72,8 @@ class JobQueue:
             raise InvalidArgument(
                 f"JobQueue needs a SQLAlchemy Session, e.g. JobQueue(Session(engine)), not {session!r}"
             )
+        if session.bind is not None:  # else it is checked where a statement would run
+            check_driver(session.bind.engine)
         self.session = session
         self.fast_mode = bool(fast_mode)
         self.lease = _validate.seconds(lease, "lease") or DEFAULT_LEASE
@@ -87,7 +89,10 @@ class JobQueue:
     @property
     def engine(self) -> Engine:
         """The engine the session is bound to (workers take their connections from it)."""
-        bind = self.session.get_bind()
+        return self._checked_engine()
+
+    def _checked_engine(self) -> Engine:
+        bind = self.session.get_bind(Job)
         engine = bind.engine if isinstance(bind, Connection) else bind
         assert isinstance(engine, Engine)
         check_driver(engine)
@@ -143,6 +148,7 @@ class JobQueue:
 
         With ``parent_id``, a child that this parent already has (same workflow and args) is
         returned instead of a second one, as ``spawn`` does."""
+        self._checked_engine()  # a driver of ours (InvalidArgument) before anything is written
         name, wf = _workflow_name(workflow_or_name)
         args_json = _validate.args_json(args)
         opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
@@ -190,6 +196,7 @@ class JobQueue:
         run_at: datetime | None = None,
     ) -> list[int]:
         """Add one root job per args list in one statement; return their ids in order."""
+        self._checked_engine()  # a driver of ours (InvalidArgument) before anything is written
         name, wf = _workflow_name(workflow_or_name)
         encoded, count = _validate.args_json_many(arg_lists)
         if not count:

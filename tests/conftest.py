@@ -6,10 +6,12 @@ The server is ``POSTJOB_TEST_DATABASE_URL`` when set, else the embedded one (pgs
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
@@ -22,16 +24,29 @@ from postjob_sa._migrations import VERSIONS_DIR
 LOCK_KEY = 4242_0001
 
 
+#: The driver every test engine and URL uses: ``POSTJOB_TEST_DRIVER=psycopg`` (psycopg 3, the
+#: default, what SQLAlchemy 2.1 means by ``postgresql://``) or ``psycopg2``.
+DRIVERS = ("psycopg", "psycopg2")
+
+
+def driver_under_test() -> str:
+    driver = os.environ.get("POSTJOB_TEST_DRIVER") or "psycopg"
+    if driver not in DRIVERS:
+        raise pytest.UsageError(
+            f"POSTJOB_TEST_DRIVER={driver!r}: use one of {', '.join(DRIVERS)}"
+        )
+    return driver
+
+
 def _server_url() -> URL:
     explicit = os.environ.get("POSTJOB_TEST_DATABASE_URL")
     if explicit:
         url = make_url(explicit)
-        if url.drivername == "postgresql":
-            url = url.set(drivername="postgresql+psycopg2")
-        return url
-    from postjob_sa import embedded
+    else:
+        from postjob_sa import embedded
 
-    return make_url(embedded.database_url())
+        url = make_url(embedded.database_url())
+    return url.set(drivername=f"postgresql+{driver_under_test()}")
 
 
 def _template_name() -> str:
@@ -133,3 +148,17 @@ def queue(session: Session) -> postjob_sa.JobQueue:
 def url_string(url: URL) -> str:
     """The URL with its password, for subprocesses."""
     return url.render_as_string(hide_password=False)
+
+
+def libpq_url(url: URL) -> str:
+    """The URL as the drivers' own ``connect`` takes it (no ``+driver``), password included."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def dbapi_connect(url: URL | str) -> Any:
+    """A raw connection of the driver under test, in autocommit mode (for side tables and
+    statements a test runs beside postjob_sa's own connections)."""
+    module: Any = importlib.import_module(driver_under_test())
+    conn = module.connect(url if isinstance(url, str) else libpq_url(url))
+    conn.autocommit = True
+    return conn

@@ -41,8 +41,10 @@ import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy
 from sqlalchemy import URL, Engine, select
 from sqlalchemy.orm import Session
 
@@ -214,7 +216,7 @@ class PageRun:
 
 
 @pytest.fixture
-def docs_env(db_url: URL, monkeypatch: pytest.MonkeyPatch) -> None:
+def docs_env(db_url: URL, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("DATABASE_URL", url_string(db_url))
 
     def work(self: postjob_sa.JobQueue, count: int | None = None, **kwargs: object) -> int:
@@ -226,6 +228,20 @@ def docs_env(db_url: URL, monkeypatch: pytest.MonkeyPatch) -> None:
         return await self.drain()
 
     monkeypatch.setattr(postjob_sa.AsyncJobQueue, "work", work_async)
+
+    # every engine a page creates is disposed at the end, also one whose name a later block
+    # reused (psycopg 3 warns of a pooled connection that is garbage-collected open)
+    created: list[Engine] = []
+
+    def create_engine(*args: Any, **kwargs: Any) -> Engine:
+        created.append(real_create_engine(*args, **kwargs))
+        return created[-1]
+
+    real_create_engine = sqlalchemy.create_engine
+    monkeypatch.setattr(sqlalchemy, "create_engine", create_engine)
+    yield
+    for eng in created:
+        eng.dispose()
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)

@@ -13,20 +13,20 @@ from sqlalchemy.orm import Session
 
 import postjob_sa
 from postjob_sa import JobQueue, Registry
+from tests.conftest import dbapi_connect, libpq_url
 
 reg = Registry()
 RUNS_URL: list[str] = []
 
 
 def _record(what: str) -> None:
-    import psycopg2
-
-    conn = psycopg2.connect(RUNS_URL[0])
-    conn.autocommit = True
-    with conn, conn.cursor() as cur:
-        cur.execute("INSERT INTO lease_runs (job_id, what) VALUES (%s, %s)",
-                    (postjob_sa.current_job().id, what))
-    conn.close()
+    conn = dbapi_connect(RUNS_URL[0])
+    try:
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO lease_runs (job_id, what) VALUES (%s, %s)",
+                        (postjob_sa.current_job().id, what))
+    finally:
+        conn.close()
 
 
 @postjob_sa.workflow(name="lease.slow", registry=reg)
@@ -41,7 +41,7 @@ def runs(engine: Engine, clean: None) -> Iterator[Engine]:
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE IF NOT EXISTS lease_runs (job_id bigint, what text)"))
         conn.execute(text("TRUNCATE lease_runs"))
-    RUNS_URL[:] = [engine.url.set(drivername="postgresql").render_as_string(hide_password=False)]
+    RUNS_URL[:] = [libpq_url(engine.url)]
     yield engine
 
 

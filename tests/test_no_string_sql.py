@@ -1,7 +1,8 @@
 """No SQL is built with string formatting anywhere in the package: every .py under
 postjob_sa/ is parsed with ``ast``, and an f-string, a ``%`` format or a ``.format()`` call
 whose text looks like SQL fails the test. Statements are literals; values are bound
-parameters; identifiers go through ``psycopg2.sql.Identifier``."""
+parameters; the one identifier taken from input (``postjob db grant ROLE``) is quoted by the
+server (``format('%I', :role)``)."""
 
 from __future__ import annotations
 

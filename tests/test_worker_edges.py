@@ -4,6 +4,7 @@ interrupted job, the engine's own connection settings, and errors the database r
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 
 import postjob_sa
 from postjob_sa import JobQueue, Registry
+from tests.conftest import driver_under_test, libpq_url
 
 reg = Registry()
 
@@ -142,16 +144,14 @@ def test_an_interrupted_job_is_recorded_and_the_rest_of_its_batch_handed_back(
 @pytest.fixture
 def configured(db_url: URL) -> Iterator[tuple[Engine, list[str]]]:
     """An engine whose connections are made by its own creator and set up by a connect event."""
-    import psycopg2
-
     made: list[str] = []
-    libpq = db_url.set(drivername="postgresql").render_as_string(hide_password=False)
+    driver: Any = importlib.import_module(driver_under_test())
 
     def creator() -> Any:
         made.append("creator")
-        return psycopg2.connect(libpq)
+        return driver.connect(libpq_url(db_url))
 
-    eng = create_engine("postgresql+psycopg2://", creator=creator)
+    eng = create_engine(f"postgresql+{driver_under_test()}://", creator=creator)
 
     @event.listens_for(eng, "connect")
     def on_connect(dbapi_connection: Any, record: Any) -> None:

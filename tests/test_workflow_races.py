@@ -27,7 +27,7 @@ FINISH = (
 
 
 class Conn:
-    """A raw psycopg2 connection to the test database (autocommit unless begun)."""
+    """A raw connection (of the driver under test) to the test database (autocommit unless begun)."""
 
     def __init__(self, engine: Engine):
         self.raw = DbConn.open(engine).raw

@@ -20,7 +20,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 @click.group(context_settings=CONTEXT)
 @click.option(
     "--database-url", metavar="URL",
-    help="postgresql:// or postgresql+psycopg2:// URL. Default: $POSTJOB_DATABASE_URL, "
+    help="postgresql://, postgresql+psycopg:// or postgresql+psycopg2:// URL, as the app "
+    "takes it. Default: $POSTJOB_DATABASE_URL, "
     "else $DATABASE_URL, else the embedded server (pip install 'postjob_sa[embedded]').",
 )
 @click.option("-v", "--verbose", count=True, help="-v: one log line per job; -vv: debug.")

@@ -12,26 +12,23 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
 
+from postjob_sa._db import check_url
 from postjob_sa._migrations import check_schema
 from postjob_sa.errors import InvalidArgument
 
-_DRIVERS = {"postgresql", "postgres", "postgresql+psycopg2"}
 _URL_PASSWORD = re.compile(r"(://[^:/@\s]*):[^@\s]*@")
 CONNECT_TIMEOUT = 5
 
 
-def normalise_url(raw: str) -> URL:
-    """A psycopg2 SQLAlchemy URL from ``postgresql://`` or ``postgresql+psycopg2://``."""
+def parse_url(raw: str) -> URL:
+    """The URL as the application would take it: the same driver, whichever SQLAlchemy means by
+    a bare ``postgresql://`` (psycopg 3 from SQLAlchemy 2.1 on); another driver is refused."""
     try:
         url = make_url(raw)
     except (ArgumentError, ValueError):
         raise InvalidArgument(f"not a database URL: {redact_text(raw)!r}") from None
-    if url.drivername not in _DRIVERS:
-        raise InvalidArgument(
-            f"unsupported database URL scheme {url.drivername!r}: use postgresql:// "
-            "or postgresql+psycopg2://"
-        )
-    return url.set(drivername="postgresql+psycopg2")
+    check_url(url)
+    return url
 
 
 def redact_text(text: str, secrets: tuple[str, ...] = ()) -> str:
@@ -68,7 +65,7 @@ class App:
     def url(self) -> URL:
         if self._url is None:
             raw, self.source = self.raw_url()
-            self._url = normalise_url(raw)
+            self._url = parse_url(raw)
         return self._url
 
     def url_with_password(self) -> str:

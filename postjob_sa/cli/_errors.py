@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import click
 from alembic.util.exc import CommandError
-from psycopg2.errors import InsufficientPrivilege
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from postjob_sa._db import sqlstate
 from postjob_sa.embedded import EmbeddedUnavailable
 from postjob_sa.errors import InvalidArgument, InvalidJobState, JobNotFound, SchemaError
 
@@ -23,6 +23,8 @@ from ._env import App
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+#: SQLSTATE insufficient_privilege (either driver)
+INSUFFICIENT_PRIVILEGE = "42501"
 _INPUT_ERRORS = (InvalidArgument, JobNotFound, InvalidJobState, SchemaError, EmbeddedUnavailable)
 
 
@@ -49,7 +51,7 @@ def describe(exc: BaseException, app: App) -> tuple[int, str]:
     if isinstance(exc, OperationalError):
         where = app.display_url() if app._url is not None else "the database"
         return EXIT_BAD_INPUT, f"cannot use the database {where}: {_first_line(exc)}"
-    if isinstance(exc, DBAPIError) and isinstance(exc.orig, InsufficientPrivilege):
+    if isinstance(exc, DBAPIError) and sqlstate(exc) == INSUFFICIENT_PRIVILEGE:
         return EXIT_BAD_INPUT, (f"{_first_line(exc)} (the schema's owner grants a role what "
                                 "workers and applications need with: postjob db grant ROLE)")
     if isinstance(exc, DBAPIError):

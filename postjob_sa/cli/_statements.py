@@ -1,11 +1,11 @@
 """The statements the CLI runs, named noun first. Values travel as bound parameters only:
 tag filters are ``tags @> CAST(:tags AS jsonb)``, status filters ``= ANY(CAST(:statuses …))``.
-An optional filter is ``(CAST(:x AS …) IS NULL OR …)``: psycopg2 binds the literal, so the
-planner folds the unused branch away and the GIN index still serves a tag filter."""
+An optional filter is ``(CAST(:x AS …) IS NULL OR …)``: the planner folds the unused branch
+away (psycopg2 binds the literal; psycopg 3 binds a parameter, and a custom plan for its value
+does the same), so the GIN index still serves a tag filter."""
 
 from __future__ import annotations
 
-from psycopg2 import sql as pgsql
 from sqlalchemy import text
 
 # Every statement is one literal: nothing is composed with f-strings, % or .format() (a test
@@ -93,17 +93,16 @@ PRUNE_BATCH = text(
 ROLE_EXISTS = text("SELECT rolsuper FROM pg_roles WHERE rolname = :name")
 
 #: What a worker and an enqueuing application need, and nothing more: no ownership, no DDL,
-#: no TRUNCATE, no REFERENCES or TRIGGER. ``{role}`` is only ever filled with
-#: ``psycopg2.sql.Identifier`` (quoted by psycopg2), never with text.
-SCHEMA_USAGE_GRANT = pgsql.SQL("GRANT USAGE ON SCHEMA postjob TO {role}")
-TABLES_GRANT = pgsql.SQL(
-    "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.postjobs, postjob.tokens, "
-    "postjob.workers TO {role}"
+#: no TRUNCATE, no REFERENCES or TRIGGER. The server writes each statement: the role name is a
+#: bound value that ``format('%I')`` quotes as an identifier (PostgreSQL's quote_ident, the same
+#: for either driver). Returns the quoted role, then the statements in the order to run them.
+ROLE_GRANTS = text(
+    "SELECT format('%I', CAST(:role AS text)) AS role, ARRAY["
+    "format('GRANT USAGE ON SCHEMA postjob TO %I', CAST(:role AS text)), "
+    "format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.postjobs, postjob.tokens, "
+    "postjob.workers TO %I', CAST(:role AS text)), "
+    "format('GRANT USAGE ON SEQUENCE postjob.postjobs_id_seq, postjob.tokens_id_seq, "
+    "postjob.workers_id_seq, postjob.lease_tokens TO %I', CAST(:role AS text)), "
+    "format('GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA postjob TO %I', CAST(:role AS text))"
+    "] AS statements"
 )
-SEQUENCES_GRANT = pgsql.SQL(
-    "GRANT USAGE ON SEQUENCE postjob.postjobs_id_seq, postjob.tokens_id_seq, "
-    "postjob.workers_id_seq, "
-    "postjob.lease_tokens TO {role}"
-)
-FUNCTIONS_GRANT = pgsql.SQL("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA postjob TO {role}")
-ROLE_GRANTS = (SCHEMA_USAGE_GRANT, TABLES_GRANT, SEQUENCES_GRANT, FUNCTIONS_GRANT)

@@ -10,12 +10,19 @@ from typing import Any
 
 import click
 from alembic.config import Config
-from psycopg2 import sql as pgsql
 
+from postjob_sa._db import DRIVER_LABELS
 from postjob_sa._host_history import write_revision
+from postjob_sa._migrations import (
+    check_revision,
+    head_revision,
+    installed_revision,
+    migrate,
+    read_oldest_served,
+    schema_manager,
+)
 from postjob_sa._migrations import downgrade as downgrade_schema
-from postjob_sa._migrations import head_revision, installed_revision, migrate, schema_manager
-from postjob_sa.errors import InvalidArgument
+from postjob_sa.errors import InvalidArgument, SchemaError
 
 from . import _statements as statements
 from ._env import App
@@ -60,19 +67,44 @@ def db_status(app: App, as_json: bool) -> None:
     """Show the installed revision next to the newest one this code has, and what manages it."""
     with app.engine.connect() as conn:
         installed, manager = installed_revision(conn), schema_manager(conn)
+        oldest_served = read_oldest_served(lambda sql: conn.exec_driver_sql(sql).scalar())
     head = head_revision()
-    state = "up to date" if installed == head else "missing" if installed is None else "behind"
+    state = _state(installed, oldest_served, head)
+    driver = str(app.engine.dialect.driver)
     if as_json:
-        print_json({"database": app.display_url(), "installed": installed, "head": head,
-                    "state": state, "managed_by": manager})
+        print_json({"database": app.display_url(), "driver": driver, "installed": installed,
+                    "head": head, "state": state, "managed_by": manager})
         return
     click.echo(f"database:  {app.display_url()} ({app.source})")
+    click.echo(f"driver:    {DRIVER_LABELS[driver]}")
     click.echo(f"installed: {installed or '-'}")
     click.echo(f"head:      {head}")
     if manager is not None:
         click.echo(f"managed:   {MANAGERS[manager]}")
-    hint = "" if state == "up to date" else f"  (run: {UPGRADE_HINTS[manager or 'postjob']})"
+    hint = STATE_HINTS.get(state, f"  (run: {UPGRADE_HINTS[manager or 'postjob']})")
     click.echo(f"state:     {state}{hint}")
+
+
+#: A schema newer than this code: workers of this code keep working on it while it serves them.
+STATE_HINTS = {
+    "up to date": "",
+    "newer": "  (it still serves this code: upgrade postjob_sa where this runs when you can)",
+    "too new": "  (it no longer serves this code: upgrade postjob_sa where this runs)",
+}
+
+
+def _state(installed: str | None, oldest_served: str | None, head: str) -> str:
+    if installed is None:
+        return "missing"
+    if installed == head:
+        return "up to date"
+    if installed < head:
+        return "behind"
+    try:
+        check_revision(installed, oldest_served)
+    except SchemaError:
+        return "too new"
+    return "newer"
 
 
 @db.command("downgrade")
@@ -137,20 +169,19 @@ def db_grant(app: App, role: str) -> None:
         if superuser is None:
             raise InvalidArgument(f"no role named {name!r} in this database cluster "
                                   "(create the role first, with LOGIN)")
+        quoted, grants = conn.execute(statements.ROLE_GRANTS, {"role": name}).one()
         dbapi = conn.connection.dbapi_connection
         assert dbapi is not None
-        identifier = pgsql.Identifier(name)
+        # The statements come from the server with the role quoted in them; they run without
+        # parameters, so neither driver reads a '%' in the role's name as a placeholder.
         cur: Any = dbapi.cursor()
-        done = []
         try:
-            for grant in statements.ROLE_GRANTS:
-                statement = grant.format(role=identifier)
+            for statement in grants:
                 cur.execute(statement)
-                done.append(statement.as_string(cur))
         finally:
             cur.close()
         conn.commit()
-    for line in done:
+    for line in grants:
         click.echo(line)
     note = " (a superuser: it needs no grants)" if superuser else ""
-    click.echo(f"granted to {identifier.as_string(dbapi)} on {app.display_url()}{note}")
+    click.echo(f"granted to {quoted} on {app.display_url()}{note}")

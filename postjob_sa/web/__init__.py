@@ -17,7 +17,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
+from postjob_sa._db import check_driver, check_url
 from postjob_sa.errors import InvalidArgument
 
 from .app import Dashboard
@@ -50,7 +53,16 @@ def create_app(
     for name, value in (("refresh", refresh), ("stuck_after", stuck_after)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise InvalidArgument(f"{name} must be a number of seconds, not {value!r}")
-    engine = create_engine(bind, connect_args={"application_name": "postjob web"}) if isinstance(bind, str) else bind
+    if isinstance(bind, str):
+        try:
+            url = make_url(bind)
+        except (ArgumentError, ValueError):
+            raise InvalidArgument("not a database URL (the password is not shown)") from None
+        check_url(url)
+        engine = create_engine(url, connect_args={"application_name": "postjob web"})
+    else:
+        engine = bind
+    check_driver(engine)
     return Dashboard(
         engine, Guard(token=token, read_only=bool(read_only)),
         Settings(refresh=float(refresh), stuck_after=float(stuck_after)),

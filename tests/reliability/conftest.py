@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from sqlalchemy import URL, Engine, text
 
-from tests.conftest import url_string
+from tests.conftest import libpq_url, url_string
 
 ROOT = Path(__file__).resolve().parents[2]
 POSTJOB = str(Path(sys.executable).parent / "postjob")
@@ -32,11 +32,6 @@ LISTENING = text(
     "WHERE datname = current_database() AND application_name LIKE 'postjob worker %' "
     "AND state = 'idle' AND query LIKE 'SELECT postjob.worker_idle%'"
 )
-
-
-def libpq_url(url: URL) -> str:
-    """The URL as psycopg2.connect wants it (no +psycopg2)."""
-    return url_string(url).replace("postgresql+psycopg2://", "postgresql://", 1)
 
 
 class WorkerProcess:

@@ -2,19 +2,21 @@
 (``--import tests.reliability.rel_app``).
 
 Job bodies record what they do in the side table ``rel_runs`` through a connection of their
-own (``$REL_APP_URL``), never the worker's: a record is evidence that the body ran.
+own (``$REL_APP_URL``, with the driver the tests run on: ``$POSTJOB_TEST_DRIVER``, default
+psycopg 3), never the worker's: a record is evidence that the body ran. The module works with
+the released postjob_sa too (the rolling-upgrade test imports it into workers of that code).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from typing import Any
 
-import psycopg2
-
 import postjob_sa
 
+_driver: Any = importlib.import_module(os.environ.get("POSTJOB_TEST_DRIVER") or "psycopg")
 _conn: Any = None
 
 
@@ -23,7 +25,7 @@ def record(what: str, job_id: int | None = None) -> None:
     (the failed insert raises, so the job is retried)."""
     global _conn
     if _conn is None:
-        _conn = psycopg2.connect(os.environ["REL_APP_URL"])
+        _conn = _driver.connect(os.environ["REL_APP_URL"])
         _conn.autocommit = True
     try:
         with _conn.cursor() as cur:
@@ -31,7 +33,7 @@ def record(what: str, job_id: int | None = None) -> None:
                 "INSERT INTO rel_runs (job_id, pid, what) VALUES (%s, %s, %s)",
                 (postjob_sa.current_job().id if job_id is None else job_id, os.getpid(), what),
             )
-    except psycopg2.Error:
+    except _driver.Error:
         _conn.close()
         _conn = None
         raise

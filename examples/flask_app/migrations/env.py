@@ -36,11 +36,13 @@ def run_migrations_online() -> None:
             context.run_migrations()
         return
     engine = create_engine(database_url())
-    with engine.connect() as connection:
-        context.configure(connection=connection, **OPTIONS)
-        with context.begin_transaction():
-            context.run_migrations()
-    engine.dispose()
+    try:
+        with engine.connect() as connection:
+            context.configure(connection=connection, **OPTIONS)
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:  # a failed migration too: psycopg 3 warns of a connection left open
+        engine.dispose()
 
 
 def run_migrations_offline() -> None:

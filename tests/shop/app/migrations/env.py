@@ -34,11 +34,13 @@ if context.get_x_argument(as_dictionary=True).get("compare") == "postjob":
 
 def run_migrations_online() -> None:
     engine = create_engine(os.environ["DATABASE_URL"])
-    with engine.connect() as connection:
-        context.configure(connection=connection, **OPTIONS)
-        with context.begin_transaction():
-            context.run_migrations()
-    engine.dispose()
+    try:
+        with engine.connect() as connection:
+            context.configure(connection=connection, **OPTIONS)
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:  # a failed migration too: psycopg 3 warns of a connection left open
+        engine.dispose()
 
 
 def run_migrations_offline() -> None:
