@@ -61,8 +61,22 @@ def _check(name: str, driver: str, is_async: bool) -> str:
 
 
 def check_driver(engine: Engine) -> str:
-    """The engine's driver name, or InvalidArgument naming the supported ones."""
+    """The engine's driver name, or InvalidArgument naming the supported ones (a worker's
+    connections: sync psycopg 3 or psycopg2)."""
     return _check(engine.dialect.name, str(engine.dialect.driver), engine.dialect.is_async)
+
+
+#: What the Session API also runs on: the async drivers of an AsyncSession (AsyncJobQueue).
+ASYNC_SESSION_DRIVERS = ("psycopg", "asyncpg")
+
+
+def check_session_driver(engine: Engine) -> str:
+    """:func:`check_driver` for the statements of the Session API, which an AsyncSession may
+    also run through psycopg 3's async driver or asyncpg."""
+    dialect = engine.dialect
+    if dialect.is_async and dialect.name == "postgresql" and dialect.driver in ASYNC_SESSION_DRIVERS:
+        return str(dialect.driver)
+    return check_driver(engine)
 
 
 def check_url(url: URL) -> str:

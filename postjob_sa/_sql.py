@@ -122,8 +122,11 @@ JOBS_STATUS_LOCKED = text(
     "WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id FOR UPDATE"
 )
 
+#: The jobs checked out, in the order handed out: their ids first (see JobQueue.checkout),
+#: then the columns a worker runs them with.
 JOB_CHECKOUT = text(
-    "SELECT * FROM postjob.checkout_v2(CAST(:worker_id AS bigint), CAST(:identifier AS varchar), "
+    "SELECT id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, "
+    "parent_id FROM postjob.checkout_v2(CAST(:worker_id AS bigint), CAST(:identifier AS varchar), "
     "CAST(:workflows AS text[]), CAST(:versions AS text[]), CAST(:queues AS text[]), "
     "CAST(:limit AS integer), CAST(:lease AS float8))"
 )

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
+from postjob_sa._db import check_session_driver
 from postjob_sa._worker import Worker
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.models import Job
@@ -27,6 +28,14 @@ from postjob_sa.registry import Registry
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class _SyncSide(JobQueue):
+    """The JobQueue on an AsyncSession's underlying Session: its statements run through the
+    async driver (psycopg 3's or asyncpg), which a plain JobQueue refuses."""
+
+    def _check_bind(self, engine: Engine) -> None:
+        check_session_driver(engine)
 
 
 def _forward(method: Callable[Concatenate[JobQueue, P], R]) -> Callable[Concatenate[AsyncJobQueue, P], Awaitable[R]]:
@@ -78,7 +87,7 @@ class AsyncJobQueue:
         self._template = self._queue(session.sync_session)
 
     def _queue(self, session: Session) -> JobQueue:
-        return JobQueue(session, **self._options)
+        return _SyncSide(session, **self._options)
 
     enqueue = _forward(JobQueue.enqueue)
     enqueue_many = _forward(JobQueue.enqueue_many)

@@ -73,7 +73,7 @@ class JobQueue:
                 f"JobQueue needs a SQLAlchemy Session, e.g. JobQueue(Session(engine)), not {session!r}"
             )
         if session.bind is not None:  # else it is checked where a statement would run
-            check_driver(session.bind.engine)
+            self._check_bind(session.bind.engine)
         self.session = session
         self.fast_mode = bool(fast_mode)
         self.lease = _validate.seconds(lease, "lease") or DEFAULT_LEASE
@@ -89,14 +89,20 @@ class JobQueue:
     @property
     def engine(self) -> Engine:
         """The engine the session is bound to (workers take their connections from it)."""
-        return self._checked_engine()
+        engine = self._checked_engine()
+        check_driver(engine)
+        return engine
 
     def _checked_engine(self) -> Engine:
         bind = self.session.get_bind(Job)
         engine = bind.engine if isinstance(bind, Connection) else bind
         assert isinstance(engine, Engine)
-        check_driver(engine)
+        self._check_bind(engine)
         return engine
+
+    def _check_bind(self, engine: Engine) -> None:
+        """A driver the queue's statements run on (AsyncJobQueue's queue allows async ones)."""
+        check_driver(engine)
 
     def _worker(self, **options: Any) -> Worker:
         return self._worker_on(self.engine, **options)
@@ -233,14 +239,19 @@ class JobQueue:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidArgument(f"limit must be an integer from 1 to 10000, not {limit!r}")
         names, versions = self.registry.pairs(list(workflows) if workflows is not None else None)
-        stmt = select(Job).from_statement(_sql.JOB_CHECKOUT).execution_options(populate_existing=True)
         params = {
             "worker_id": None, "identifier": self.identifier,
             "workflows": names, "versions": versions,
             "queues": [_validate.name(q, "queue") for q in queues] if queues is not None else None,
             "limit": limit, "lease": self.lease,
         }
-        return list(self.session.scalars(stmt, params).all())
+        ids = list(self.session.execute(_sql.JOB_CHECKOUT, params).scalars())
+        if not ids:
+            return []
+        # the jobs as the checkout left them (its own columns are a running job's, not a row)
+        stmt = select(Job).where(Job.id.in_(ids)).execution_options(populate_existing=True)
+        jobs = {job.id: job for job in self.session.scalars(stmt)}
+        return [jobs[i] for i in ids]
 
     def _finish(self, outcome: Outcome) -> None:
         accepted = self.session.execute(_sql.JOB_FINISH, finish_params([outcome], self.fast_mode)).scalar_one()

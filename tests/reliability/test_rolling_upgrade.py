@@ -51,17 +51,6 @@ INTERVAL = "0.02"
 RUNS_BEFORE = 5  # jobs each released worker runs before the migration
 SLOW_JOBS, SLOW_SECONDS = OLD_WORKERS, 1.0  # running when the migration starts
 
-#: A known incompatibility of pj0002, reported to the lead (revisions are not this test's to
-#: change): pj0002 adds a column (worker_id) to postjob.postjobs, the row type that pj0001's
-#: postjob.checkout and postjob.finish_and_checkout return (RETURNS SETOF postjob.postjobs). A
-#: released worker's call in flight while the migration commits can then fail with
-#: DatatypeMismatch (the query returns 31 columns, the call expected 30), and the worker exits.
-#: Seen in about one run in five; remove this with the fix.
-PJ0002_GAP = ("structure of query does not match function result type", "finish_and_checkout")
-PJ0002_GAP_REASON = ("pj0002 does not replace postjob.finish_and_checkout: released workers die "
-                     "with DatatypeMismatch after the migration (reported to the lead)")
-
-
 @pytest.fixture(scope="module")
 def released_code() -> Iterator[Path]:
     """The released package, extracted from git into a directory of its own."""
@@ -245,8 +234,6 @@ def test_migrating_under_workers_of_the_released_code_loses_no_job_and_runs_none
 
         # no worker crashed (a crashed worker's job would wait for its lease to end)
         for p in old + new:
-            if not p.alive() and all(s in p.log() for s in PJ0002_GAP):
-                pytest.xfail(PJ0002_GAP_REASON)
             assert p.alive(), f"worker {p.pid} exited:\n{p.log()}"
 
         expected_roots = (OLD_KEYS[1] - OLD_KEYS[0]) + (NEW_KEYS[1] - NEW_KEYS[0]) + SLOW_JOBS

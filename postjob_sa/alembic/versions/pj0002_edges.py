@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from postjob_sa.alembic._steps import index_step
+from postjob_sa.alembic._steps import index_step, own_transaction
 
 revision = "pj0002"
 down_revision = "pj0001"
@@ -66,6 +66,168 @@ OLD_INDEX_UP = (
     "ON postjob.postjobs (next_run_at) WHERE status IN ('ready', 'err')"
 )
 INDEX_DOWN = "DROP INDEX CONCURRENTLY IF EXISTS postjob.postjobs_runnable_by_workflow_idx"
+
+# -- step 1, in a transaction of its own: the shapes pj0001 code reads -------------------------
+# pj0001's checkout and finish_and_checkout return the table's row type (SETOF postjobs,
+# RETURNING j.*). A call of theirs that waits behind this revision's ALTER TABLE would then
+# return one column more than its caller expects. So first, before the table changes, they (and
+# resolve, which reads a row of the table) get pj0001's columns spelled out: what runs after
+# the ALTER reads exactly what it read before. New functions return explicit columns too.
+
+PJ0001_COLUMNS = """id bigint, parent_id bigint, root_id bigint, full_id varchar, created_at timestamptz,
+  updated_at timestamptz, queue varchar, workflow varchar, workflow_method varchar,
+  workflow_version varchar, args jsonb, status postjob.statuses, next_run_at timestamptz,
+  timeout double precision, timing_out_at timestamptz, failed_attempts integer,
+  max_attempts integer, results jsonb, error varchar, error_message varchar,
+  error_backtrace jsonb, workflow_status varchar, tags jsonb, awaiting_id bigint,
+  processing_client varchar, processing_client_identifier varchar,
+  processing_started_at timestamptz, processing_max_duration double precision,
+  lease_expires_at timestamptz, lease_token bigint"""
+
+SHAPES_SQL = r"""
+DROP FUNCTION postjob.finish_and_checkout(bigint[], bigint[], text[], jsonb[], text[], text[],
+  jsonb[], text[], bigint[], text[], text[], text[], integer, double precision, boolean, boolean);
+DROP FUNCTION postjob.checkout(text[], text[], text[], integer, double precision, boolean,
+  boolean);
+
+CREATE FUNCTION postjob.checkout(
+  p_workflows text[],
+  p_versions text[],
+  p_queues text[] DEFAULT NULL,
+  p_limit integer DEFAULT 1,
+  p_lease double precision DEFAULT 60,
+  p_fast_mode boolean DEFAULT false,
+  p_reap boolean DEFAULT true)
+RETURNS TABLE (id bigint, parent_id bigint, root_id bigint, full_id varchar, created_at timestamptz,
+  updated_at timestamptz, queue varchar, workflow varchar, workflow_method varchar,
+  workflow_version varchar, args jsonb, status postjob.statuses, next_run_at timestamptz,
+  timeout double precision, timing_out_at timestamptz, failed_attempts integer,
+  max_attempts integer, results jsonb, error varchar, error_message varchar,
+  error_backtrace jsonb, workflow_status varchar, tags jsonb, awaiting_id bigint,
+  processing_client varchar, processing_client_identifier varchar,
+  processing_started_at timestamptz, processing_max_duration double precision,
+  lease_expires_at timestamptz, lease_token bigint)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+BEGIN
+  IF p_reap THEN
+    PERFORM postjob.reap(p_fast_mode);
+  END IF;
+  RETURN QUERY
+  UPDATE postjob.postjobs j SET
+    status = 'processing',
+    next_run_at = NULL,
+    error = NULL,
+    error_message = NULL,
+    error_backtrace = NULL,
+    awaiting_id = NULL,
+    processing_client = host(inet_client_addr()) || ':' || inet_client_port(),
+    processing_client_identifier = postjob._client_identifier(),
+    processing_started_at = statement_timestamp(),
+    processing_max_duration = p_lease,
+    lease_expires_at = statement_timestamp() + p_lease * interval '1 second',
+    lease_token = nextval('postjob.lease_tokens'),
+    updated_at = statement_timestamp()
+  WHERE j.id = ANY (ARRAY(
+    SELECT s.id FROM postjob.postjobs s
+    WHERE s.status IN ('ready', 'err')
+      AND s.next_run_at <= statement_timestamp()
+      AND (s.timing_out_at IS NULL OR s.timing_out_at > statement_timestamp())
+      AND (p_queues IS NULL OR s.queue = ANY (p_queues))
+      AND EXISTS (SELECT 1 FROM unnest(p_workflows, p_versions) AS w(name, version)
+                  WHERE w.name = s.workflow
+                    AND (s.workflow_version = '' OR s.workflow_version = w.version))
+    ORDER BY s.next_run_at
+    LIMIT p_limit
+    FOR UPDATE SKIP LOCKED))
+  RETURNING j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, j.workflow,
+    j.workflow_method, j.workflow_version, j.args, j.status, j.next_run_at, j.timeout,
+    j.timing_out_at, j.failed_attempts, j.max_attempts, j.results, j.error, j.error_message,
+    j.error_backtrace, j.workflow_status, j.tags, j.awaiting_id, j.processing_client,
+    j.processing_client_identifier, j.processing_started_at, j.processing_max_duration,
+    j.lease_expires_at, j.lease_token;
+END;
+$$;
+
+CREATE FUNCTION postjob.finish_and_checkout(
+  p_ids bigint[],
+  p_lease_tokens bigint[],
+  p_outcomes text[],
+  p_results jsonb[],
+  p_errors text[],
+  p_messages text[],
+  p_backtraces jsonb[],
+  p_versions text[],
+  p_awaiting bigint[],
+  p_workflows text[],
+  p_workflow_versions text[],
+  p_queues text[],
+  p_limit integer,
+  p_lease double precision,
+  p_fast_mode boolean,
+  p_reap boolean DEFAULT true)
+RETURNS TABLE (id bigint, parent_id bigint, root_id bigint, full_id varchar, created_at timestamptz,
+  updated_at timestamptz, queue varchar, workflow varchar, workflow_method varchar,
+  workflow_version varchar, args jsonb, status postjob.statuses, next_run_at timestamptz,
+  timeout double precision, timing_out_at timestamptz, failed_attempts integer,
+  max_attempts integer, results jsonb, error varchar, error_message varchar,
+  error_backtrace jsonb, workflow_status varchar, tags jsonb, awaiting_id bigint,
+  processing_client varchar, processing_client_identifier varchar,
+  processing_started_at timestamptz, processing_max_duration double precision,
+  lease_expires_at timestamptz, lease_token bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF cardinality(p_ids) > 0 THEN
+    PERFORM postjob.finish_jobs(p_ids, p_lease_tokens, p_outcomes, p_results, p_errors,
+                                p_messages, p_backtraces, p_versions, p_awaiting, p_fast_mode);
+  END IF;
+  IF p_limit > 0 THEN
+    RETURN QUERY SELECT * FROM postjob.checkout(p_workflows, p_workflow_versions, p_queues,
+                                                p_limit, p_lease, p_fast_mode, p_reap);
+  END IF;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION postjob.resolve(
+  p_token uuid, p_result jsonb, p_error varchar DEFAULT NULL, p_message varchar DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  v_id bigint;
+  v_workflow varchar;
+  v_status postjob.statuses;
+BEGIN
+  SELECT j.id, j.workflow, j.status INTO v_id, v_workflow, v_status
+    FROM postjob.tokens t JOIN postjob.postjobs j ON j.id = t.postjob_id
+    WHERE t.token = p_token
+    FOR UPDATE OF j;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'postjob: no job has the token %', p_token USING ERRCODE = 'no_data_found';
+  END IF;
+  IF v_workflow <> '__manual__' THEN
+    RAISE EXCEPTION 'postjob: job % is not a manual job', v_id
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF v_status IN ('ok', 'failed', 'timeout') THEN
+    RAISE EXCEPTION 'postjob: job % is already %', v_id, v_status
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  UPDATE postjob.postjobs SET
+    status = (CASE WHEN p_error IS NULL THEN 'ok' ELSE 'failed' END)::postjob.statuses,
+    results = CASE WHEN p_error IS NULL THEN jsonb_build_array(p_result) END,
+    error = p_error,
+    error_message = CASE WHEN p_error IS NOT NULL THEN COALESCE(p_message, p_error) END,
+    failed_attempts = failed_attempts + CASE WHEN p_error IS NULL THEN 0 ELSE 1 END,
+    next_run_at = NULL,
+    updated_at = statement_timestamp()
+  WHERE id = v_id;
+  PERFORM postjob._jobs_ended(
+    ARRAY[v_id], CASE WHEN p_error IS NULL THEN '{}'::bigint[] ELSE ARRAY[v_id] END);
+  RETURN v_id;
+END;
+$$;
+"""
 
 WORKERS_SQL = r"""
 CREATE TABLE IF NOT EXISTS postjob.workers (
@@ -248,7 +410,8 @@ $$;
 
 -- Check out up to p_limit due jobs of the given (workflow, version) pairs, oldest due first,
 -- each with a lease of p_lease seconds and a fresh lease token (the fencing token every later
--- write must present). Each pair is one short range of the runnable index, so jobs that this
+-- write must present). Returns what a worker needs to run them, in columns of its own (never
+-- the table's row type, which later revisions may widen under a running call). Each pair is one short range of the runnable index, so jobs that this
 -- worker cannot run are never walked past. No reaping here: a checkout inside the caller's
 -- transaction must lock only the jobs it hands out.
 --
@@ -263,10 +426,13 @@ CREATE OR REPLACE FUNCTION postjob.checkout_v2(
   p_queues text[],
   p_limit integer,
   p_lease double precision)
-RETURNS SETOF postjob.postjobs LANGUAGE plpgsql
+RETURNS TABLE (id bigint, lease_token bigint, workflow varchar, workflow_version varchar,
+               args jsonb, queue varchar, root_id bigint, full_id varchar, parent_id bigint)
+LANGUAGE plpgsql
 -- one cached plan whatever the arguments (custom plans would be re-planned on every call)
 SET plan_cache_mode = force_generic_plan
 AS $$
+#variable_conflict use_column
 DECLARE
   v_now timestamptz := statement_timestamp();
   v_candidates bigint[];
@@ -328,7 +494,8 @@ BEGIN
     worker_id = p_worker_id,
     updated_at = v_now
   WHERE j.id = ANY (v_ids)
-  RETURNING j.*;
+  RETURNING j.id, j.lease_token, j.workflow, j.workflow_version, j.args, j.queue, j.root_id,
+            j.full_id, j.parent_id;
 END;
 $$;
 
@@ -401,7 +568,7 @@ BEGIN
     PERFORM postjob.reap_v2();
   END IF;
   IF p_limit > 0 THEN
-    RETURN QUERY SELECT 'job'::text, j.id, j.status::text, j.lease_token, j.workflow,
+    RETURN QUERY SELECT 'job'::text, j.id, 'processing'::text, j.lease_token, j.workflow,
                         j.workflow_version, j.args, j.queue, j.root_id, j.full_id, j.parent_id
       FROM postjob.checkout_v2(p_worker_id, p_identifier, p_workflows, p_workflow_versions,
                                p_queues, p_limit, p_lease) j;
@@ -615,13 +782,32 @@ CREATE OR REPLACE FUNCTION postjob.checkout(
   p_lease double precision DEFAULT 60,
   p_fast_mode boolean DEFAULT false,
   p_reap boolean DEFAULT true)
-RETURNS SETOF postjob.postjobs LANGUAGE plpgsql AS $$
+RETURNS TABLE (id bigint, parent_id bigint, root_id bigint, full_id varchar, created_at timestamptz,
+  updated_at timestamptz, queue varchar, workflow varchar, workflow_method varchar,
+  workflow_version varchar, args jsonb, status postjob.statuses, next_run_at timestamptz,
+  timeout double precision, timing_out_at timestamptz, failed_attempts integer,
+  max_attempts integer, results jsonb, error varchar, error_message varchar,
+  error_backtrace jsonb, workflow_status varchar, tags jsonb, awaiting_id bigint,
+  processing_client varchar, processing_client_identifier varchar,
+  processing_started_at timestamptz, processing_max_duration double precision,
+  lease_expires_at timestamptz, lease_token bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_ids bigint[];
 BEGIN
   IF p_reap THEN
     PERFORM postjob.reap_v2();
   END IF;
-  RETURN QUERY SELECT * FROM postjob.checkout_v2(NULL, NULL, p_workflows, p_versions,
-                                                 p_queues, p_limit, p_lease);
+  -- two statements: the second reads the rows as the first updated them
+  v_ids := ARRAY(SELECT c.id FROM postjob.checkout_v2(NULL, NULL, p_workflows, p_versions,
+                                                       p_queues, p_limit, p_lease) c);
+  RETURN QUERY SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, j.workflow,
+    j.workflow_method, j.workflow_version, j.args, j.status, j.next_run_at, j.timeout,
+    j.timing_out_at, j.failed_attempts, j.max_attempts, j.results, j.error, j.error_message,
+    j.error_backtrace, j.workflow_status, j.tags, j.awaiting_id, j.processing_client,
+    j.processing_client_identifier, j.processing_started_at, j.processing_max_duration,
+    j.lease_expires_at, j.lease_token
+    FROM postjob.postjobs j WHERE j.id = ANY (v_ids);
 END;
 $$;
 
@@ -641,6 +827,8 @@ DROP FUNCTION IF EXISTS postjob.set_job_error(bigint, bigint, varchar, varchar, 
 
 
 def upgrade() -> None:
+    # committed first, then a moment for calls that began on the old functions to end
+    own_transaction(SHAPES_SQL, then_wait=1.0)
     index_step(INVALID_INDEX_DROP, INDEX_UP)
     op.execute(LOCK_TIMEOUT)
     for block in (WORKERS_SQL, REAP_SQL, CHECKOUT_SQL, FENCING_SQL, WAKEUPS_SQL, OPERATORS_SQL,
@@ -970,6 +1158,88 @@ END;
 $$;
 """
 
+# pj0001's own shapes again (the row type of the table, which is pj0001's once more)
+DOWN_SHAPES_SQL = r"""
+DROP FUNCTION postjob.finish_and_checkout(bigint[], bigint[], text[], jsonb[], text[], text[],
+  jsonb[], text[], bigint[], text[], text[], text[], integer, double precision, boolean, boolean);
+DROP FUNCTION postjob.checkout(text[], text[], text[], integer, double precision, boolean,
+  boolean);
+CREATE FUNCTION postjob.checkout(
+  p_workflows text[],
+  p_versions text[],
+  p_queues text[] DEFAULT NULL,
+  p_limit integer DEFAULT 1,
+  p_lease double precision DEFAULT 60,
+  p_fast_mode boolean DEFAULT false,
+  p_reap boolean DEFAULT true)
+RETURNS SETOF postjob.postjobs LANGUAGE plpgsql AS $$ BEGIN END; $$;
+CREATE FUNCTION postjob.finish_and_checkout(
+  p_ids bigint[],
+  p_lease_tokens bigint[],
+  p_outcomes text[],
+  p_results jsonb[],
+  p_errors text[],
+  p_messages text[],
+  p_backtraces jsonb[],
+  p_versions text[],
+  p_awaiting bigint[],
+  p_workflows text[],
+  p_workflow_versions text[],
+  p_queues text[],
+  p_limit integer,
+  p_lease double precision,
+  p_fast_mode boolean,
+  p_reap boolean DEFAULT true)
+RETURNS SETOF postjob.postjobs LANGUAGE plpgsql AS $$
+BEGIN
+  IF cardinality(p_ids) > 0 THEN
+    PERFORM postjob.finish_jobs(p_ids, p_lease_tokens, p_outcomes, p_results, p_errors,
+                                p_messages, p_backtraces, p_versions, p_awaiting, p_fast_mode);
+  END IF;
+  IF p_limit > 0 THEN
+    RETURN QUERY SELECT * FROM postjob.checkout(p_workflows, p_workflow_versions, p_queues,
+                                                p_limit, p_lease, p_fast_mode, p_reap);
+  END IF;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION postjob.resolve(
+  p_token uuid, p_result jsonb, p_error varchar DEFAULT NULL, p_message varchar DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  v_job postjob.postjobs;
+BEGIN
+  SELECT j.* INTO v_job
+    FROM postjob.tokens t JOIN postjob.postjobs j ON j.id = t.postjob_id
+    WHERE t.token = p_token
+    FOR UPDATE OF j;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'postjob: no job has the token %', p_token USING ERRCODE = 'no_data_found';
+  END IF;
+  IF v_job.workflow <> '__manual__' THEN
+    RAISE EXCEPTION 'postjob: job % is not a manual job', v_job.id
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF v_job.status IN ('ok', 'failed', 'timeout') THEN
+    RAISE EXCEPTION 'postjob: job % is already %', v_job.id, v_job.status
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  UPDATE postjob.postjobs SET
+    status = (CASE WHEN p_error IS NULL THEN 'ok' ELSE 'failed' END)::postjob.statuses,
+    results = CASE WHEN p_error IS NULL THEN jsonb_build_array(p_result) END,
+    error = p_error,
+    error_message = CASE WHEN p_error IS NOT NULL THEN COALESCE(p_message, p_error) END,
+    failed_attempts = failed_attempts + CASE WHEN p_error IS NULL THEN 0 ELSE 1 END,
+    next_run_at = NULL,
+    updated_at = statement_timestamp()
+  WHERE id = v_job.id;
+  PERFORM postjob._jobs_ended(
+    ARRAY[v_job.id], CASE WHEN p_error IS NULL THEN '{}'::bigint[] ELSE ARRAY[v_job.id] END);
+  RETURN v_job.id;
+END;
+$$;
+"""
+
 DOWN_TABLES_SQL = r"""
 DROP FUNCTION postjob.time_to_next_job_v2(text[], text[], text[]);
 DROP FUNCTION postjob.checkout_v2(bigint, varchar, text[], text[], text[], integer,
@@ -985,6 +1255,7 @@ def downgrade() -> None:
     index_step(OLD_INDEX_UP)
     op.execute(LOCK_TIMEOUT)
     op.execute(DOWN_SQL)
-    op.execute(DOWN_FUNCTIONS_SQL)
     op.execute(DOWN_TABLES_SQL)
+    op.execute(DOWN_SHAPES_SQL)
+    op.execute(DOWN_FUNCTIONS_SQL)
     index_step(INDEX_DOWN)
