@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from postjob_sa import _sql
+from postjob_sa import _metrics, _sql
 from postjob_sa._db import Conn, Failure, failure
 from postjob_sa._executor import Outcome, finish_params
 
@@ -120,7 +120,7 @@ class Recorder:
                     raise
                 reason = _one_line(exc)
                 log.error("job %s: the database refused its outcome (%s): the job fails",
-                          outcome.job_id, reason)
+                          outcome.job_id, reason, extra=job_fields(outcome))
                 rows = self._call(conn, {**base, **finish_params([outcome.rejected(reason)],
                                                                  self.fast_mode), **_NO_CHECKOUT})
                 outcome.kind, outcome.error, outcome.message = "failed", "OutcomeRefused", reason
@@ -129,37 +129,52 @@ class Recorder:
 
     def _done(self, outcomes: list[Outcome], rows: list[dict[str, Any]]) -> None:
         """Count and log what the database recorded for each outcome."""
-        statuses = {r["id"]: r["status"] for r in rows if r["kind"] == "done"}
+        done = {r["id"]: r for r in rows if r["kind"] == "done"}
         for outcome in outcomes:
-            status = statuses.get(outcome.job_id)
-            if status is None:
+            row = done.get(outcome.job_id)
+            if row is None:
                 log.warning("%s: lease lost (reaped, reset or resolved meanwhile): its %s "
-                            "outcome was not recorded", outcome.describe(), outcome.kind)
+                            "outcome was not recorded", outcome.describe(), outcome.kind,
+                            extra=job_fields(outcome))
+                _metrics.lease_lost(outcome.workflow)
                 continue
             if outcome.kind != "release":
                 self.recorded += 1
                 self.last_recorded = outcome.job_id
-            log_outcome(outcome, status)
+            attempts = row.get("failed_attempts")
+            log_outcome(outcome, row["status"], None if attempts is None else int(attempts) + 1)
 
 
-def log_outcome(outcome: Outcome, status: str) -> None:
+def job_fields(outcome: Outcome, attempt: int | None = None,
+               status: str | None = None) -> dict[str, Any]:
+    """The structured fields of a job's log line (``extra=``; see docs/operations.md)."""
+    return {"job_id": outcome.job_id, "workflow": outcome.workflow, "attempt": attempt,
+            "duration": round(outcome.duration, 6), "outcome": outcome.kind, "status": status}
+
+
+def log_outcome(outcome: Outcome, status: str, attempt: int | None = None) -> None:
+    """Count a recorded outcome and write its line (with the fields of :func:`job_fields`)."""
+    _metrics.finished(outcome.workflow, outcome.kind, outcome.duration)
     took = f"{outcome.duration * 1000:.1f} ms"
+    extra = job_fields(outcome, attempt, status)
     if outcome.kind in ("err", "failed"):
         then = {"err": "will retry", "failed": "failed for good"}.get(status, status)
         log.warning("%s: %s: %s (after %s; %s)", outcome.describe(), outcome.error,
-                    outcome.message, took, then)
+                    outcome.message, took, then, extra=extra)
         if outcome.backtrace and log.isEnabledFor(logging.INFO):
             frames = json.loads(outcome.backtrace)
             log.info("%s: traceback (most recent call last):\n  %s", outcome.describe(),
-                     "\n  ".join(frames))
+                     "\n  ".join(frames), extra=extra)
     elif outcome.kind == "sleep":
         if log.isEnabledFor(logging.INFO):
             log.info("%s: %s in %s (waits for job %s)", outcome.describe(),
-                     "sleeping" if status == "sleep" else "woken at once", took, outcome.awaiting)
+                     "sleeping" if status == "sleep" else "woken at once", took, outcome.awaiting,
+                     extra=extra)
     elif outcome.kind == "release":
-        log.warning("%s: released for another run (no attempt counted)", outcome.describe())
+        log.warning("%s: released for another run (no attempt counted)", outcome.describe(),
+                    extra=extra)
     elif log.isEnabledFor(logging.INFO):
-        log.info("%s: %s in %s", outcome.describe(), status, took)
+        log.info("%s: %s in %s", outcome.describe(), status, took, extra=extra)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -28,10 +28,13 @@ WORKER_HEARTBEAT = (
 
 #: Record outcomes (a row of kind 'done' gives the status recorded, one of kind 'lost' names an
 #: outcome not recorded), reap now and then, and check out the next jobs (rows of kind 'job'):
-#: the whole cycle in one round trip.
+#: the whole cycle in one round trip. A 'done' row's failed_attempts are those before the run
+#: (read in the statement's snapshot, taken before the outcome was recorded: for the log).
 WORKER_CYCLE = (
     "SELECT kind, id, status, lease_token, workflow, workflow_version, args, queue, root_id, "
-    "full_id, parent_id FROM postjob.worker_cycle(%(worker_id)s::bigint, %(identifier)s::varchar, "
+    "full_id, parent_id, CASE WHEN kind = 'done' THEN (SELECT p.failed_attempts "
+    "FROM postjob.postjobs p WHERE p.id = worker_cycle.id) END AS failed_attempts "
+    "FROM postjob.worker_cycle(%(worker_id)s::bigint, %(identifier)s::varchar, "
     "%(ids)s::bigint[], %(leases)s::bigint[], %(outcomes)s::text[], %(results)s::jsonb[], "
     "%(errors)s::text[], %(messages)s::text[], %(backtraces)s::jsonb[], %(versions)s::text[], "
     "%(awaiting)s::bigint[], %(workflows)s::text[], %(workflow_versions)s::text[], "
