@@ -76,8 +76,8 @@ class PgBouncer:
         argv = [PGBOUNCER, str(self.dir / "pgbouncer.ini")]
         if os.geteuid() == 0:  # pgbouncer refuses to run as root
             argv[1:1] = ["-u", "postgres"]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.dir / "stderr.log", "wb"))  # noqa: SIM115
+        with open(self.dir / "stderr.log", "wb") as stderr:  # the child keeps its own copy
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + 10
         while True:
             try:
