@@ -15,10 +15,12 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
 import psycopg2
+import pytest
 from sqlalchemy.engine import URL
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -128,3 +130,15 @@ class PgBouncer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+@pytest.fixture(scope="module", name="bouncer")
+def bouncer_fixture(server_url: URL) -> Iterator[PgBouncer]:
+    """A strict PgBouncer in transaction mode with 3 server connections per database (fails
+    on CI when pgbouncer is missing: .ci/run installs it)."""
+    if not available():
+        if os.environ.get("CI"):
+            pytest.fail("pgbouncer is missing: .ci/run installs Debian's pgbouncer package")
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    with PgBouncer(server_url, pool_size=3) as b:
+        yield b

@@ -5,10 +5,8 @@ a worker that is not told it is pooled breaks there."""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,8 +16,10 @@ from sqlalchemy.orm import Session
 import postjob_sa
 from postjob_sa import JobQueue, _metrics
 from postjob_sa.registry import Registry
-from tests import pgbouncer
-from tests.pgbouncer import PgBouncer
+from tests.pgbouncer import (
+    PgBouncer,
+    bouncer_fixture,  # noqa: F401 (the fixture "bouncer")
+)
 from tests.reliability.conftest import wait_for
 
 DRIVERS = ["postgresql+psycopg2", "postgresql+psycopg"]
@@ -57,16 +57,6 @@ def transactional(session: Session, key: int) -> int:
     session.execute(text("INSERT INTO pgb_writes (job_id) VALUES (:j)"),
                     {"j": postjob_sa.current_job().id})
     return record(key)
-
-
-@pytest.fixture(scope="module")
-def bouncer(server_url: URL) -> Iterator[PgBouncer]:
-    if not pgbouncer.available():
-        if os.environ.get("CI"):
-            pytest.fail("pgbouncer is missing: .ci/run installs Debian's pgbouncer package")
-        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
-    with PgBouncer(server_url, pool_size=3) as b:
-        yield b
 
 
 @pytest.fixture
