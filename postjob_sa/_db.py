@@ -13,13 +13,14 @@ import enum
 import os
 import select
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 
+from postjob_sa import _sql
 from postjob_sa.errors import InvalidArgument
 
 #: SQLAlchemy driver names postjob_sa works with, and how to ask for each in a URL. A bare
@@ -134,8 +135,12 @@ class Conn:
             raw.add_notify_handler(self._on_notify)
 
     @classmethod
-    def open(cls, engine: Engine) -> Conn:
-        """A new connection of the worker's own, made by the engine's pool and detached."""
+    def open(cls, engine: Engine, *, name: str | None = None, pooled: bool = False) -> Conn:
+        """A new connection of the worker's own, made by the engine's pool and detached.
+
+        ``name`` shows in ``pg_stat_activity`` (a session setting, so not ``pooled``: behind a
+        pooler in transaction mode nothing may outlive a transaction, and psycopg 3 must not
+        prepare statements on the server either)."""
         driver = check_driver(engine)
         fairy = engine.raw_connection()
         fairy.detach()
@@ -143,7 +148,16 @@ class Conn:
         assert raw is not None
         raw.rollback()  # no round trip unless the pool left a transaction open
         raw.autocommit = True
-        return cls(raw, driver)
+        conn = cls(raw, driver)
+        if pooled:
+            no_prepared_statements(raw, driver)
+        elif name is not None:
+            try:
+                conn.scalar(_sql.WORKER_NAME_SET, {"name": name})
+            except BaseException:
+                conn.close()
+                raise
+        return conn
 
     @classmethod
     def borrow(cls, dbapi_connection: Any, driver: str) -> Conn:
@@ -192,19 +206,25 @@ class Conn:
             return True
         return False
 
-    def wait(self, timeout: float, wake_fd: int | None = None) -> bool:
-        """Wait up to ``timeout`` seconds for a notification (or for ``wake_fd`` to become
-        readable); raises if the connection is lost."""
+    def wait(self, timeout: float, wake_fd: int | None = None,
+             other_fds: Sequence[int] = ()) -> bool:
+        """Wait up to ``timeout`` seconds for a notification (or for ``wake_fd`` or one of
+        ``other_fds`` to become readable); raises if the connection is lost."""
         if self.take_notification():
             return True
         if timeout <= 0:
             return False
-        watched = [self.raw.fileno()] if wake_fd is None else [self.raw.fileno(), wake_fd]
-        readable, _, _ = select.select(watched, [], [], timeout)
-        if wake_fd is not None and wake_fd in readable:
+        extra = [*([] if wake_fd is None else [wake_fd]), *other_fds]
+        readable, _, _ = select.select([self.raw.fileno(), *extra], [], [], timeout)
+        if any(fd in readable for fd in extra):
             return False
         if not readable:
             return False
+        return self.read_notifications()
+
+    def read_notifications(self) -> bool:
+        """Read what the server sent (call when the socket is readable); True if it holds a
+        notification. Raises if the connection is lost."""
         if self.driver == "psycopg":
             pgconn = self.raw.pgconn
             pgconn.consume_input()  # raises OperationalError when the server has gone
@@ -229,6 +249,14 @@ class Conn:
             self.raw.close()
         except Exception:  # already broken: nothing left to release
             pass
+
+
+def no_prepared_statements(dbapi_connection: Any, driver: str) -> None:
+    """psycopg 3 prepares a statement on the server after a few runs: not behind a pooler in
+    transaction mode, where the next transaction may run on another server connection
+    (psycopg2 prepares nothing)."""
+    if driver == "psycopg":
+        dbapi_connection.prepare_threshold = None
 
 
 def worker_identifier() -> str:

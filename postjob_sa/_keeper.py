@@ -39,10 +39,11 @@ class _Duty:
     """A daemon thread that acts when ``due_in()`` reaches zero, on a connection of its own."""
 
     def __init__(self, name: str, engine: Engine, app_name: str,
-                 due_in: Callable[[], float], act: Callable[[Conn], None]):
+                 due_in: Callable[[], float], act: Callable[[Conn], None], pooled: bool):
         self.name = name
         self.engine = engine
         self.app_name = app_name
+        self.pooled = pooled
         self.due_in = due_in
         self.act = act
         self._wake = threading.Condition()
@@ -80,8 +81,7 @@ class _Duty:
                 continue
             try:
                 if self._conn is None or self._conn.closed:
-                    self._conn = Conn.open(self.engine)
-                    self._conn.scalar(_sql.WORKER_NAME_SET, {"name": self.app_name})
+                    self._conn = Conn.open(self.engine, name=self.app_name, pooled=self.pooled)
                 self.act(self._conn)
             except Exception as exc:
                 log.warning("%s: %s (trying again)", self.name, " ".join(str(exc).split())[:300])
@@ -94,7 +94,8 @@ class Keeper:
     """Registration, heartbeat and background flushes of one worker."""
 
     def __init__(self, engine: Engine, recorder: Recorder, *, lease: float, identifier: str,
-                 revision: str, workflows: list[str], queues: list[str] | None):
+                 revision: str, workflows: list[str], queues: list[str] | None,
+                 pooled: bool = False):
         self.engine = engine
         self.recorder = recorder
         self.lease = lease
@@ -111,9 +112,10 @@ class Keeper:
         # the loop beats on time when it is free; the heartbeat duty steps in when it is late
         slack = min(1.0, self.interval / 4)
         self._heartbeat = _Duty("postjob-heartbeat", engine, f"postjob heartbeat {identifier}",
-                                lambda: self._next_beat + slack - time.monotonic(), self.beat)
+                                lambda: self._next_beat + slack - time.monotonic(), self.beat,
+                                pooled)
         self._flusher = _Duty("postjob-flusher", engine, f"postjob flusher {identifier}",
-                              self._flush_due_in, self._flush_aged)
+                              self._flush_due_in, self._flush_aged, pooled)
 
     # -- membership ----------------------------------------------------------------------------
 

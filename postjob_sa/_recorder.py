@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from postjob_sa import _sql
+from postjob_sa import _metrics, _sql
 from postjob_sa._db import Conn, Failure, failure
 from postjob_sa._executor import Outcome, finish_params
 
@@ -120,7 +120,7 @@ class Recorder:
                     raise
                 reason = _one_line(exc)
                 log.error("job %s: the database refused its outcome (%s): the job fails",
-                          outcome.job_id, reason)
+                          outcome.job_id, reason, extra=job_fields(outcome))
                 rows = self._call(conn, {**base, **finish_params([outcome.rejected(reason)],
                                                                  self.fast_mode), **_NO_CHECKOUT})
                 outcome.kind, outcome.error, outcome.message = "failed", "OutcomeRefused", reason
@@ -129,17 +129,19 @@ class Recorder:
 
     def _done(self, outcomes: list[Outcome], rows: list[dict[str, Any]]) -> None:
         """Count and log what the database recorded for each outcome."""
-        statuses = {r["id"]: r["status"] for r in rows if r["kind"] == "done"}
+        done = {r["id"]: r for r in rows if r["kind"] == "done"}
         for outcome in outcomes:
-            status = statuses.get(outcome.job_id)
-            if status is None:
+            row = done.get(outcome.job_id)
+            if row is None:
                 log.warning("%s: lease lost (reaped, reset or resolved meanwhile): its %s "
-                            "outcome was not recorded", outcome.describe(), outcome.kind)
+                            "outcome was not recorded", outcome.describe(), outcome.kind,
+                            extra=job_fields(outcome))
+                _metrics.lease_lost(outcome.workflow)
                 continue
             if outcome.kind != "release":
                 self.recorded += 1
                 self.last_recorded = outcome.job_id
-            log_outcome(outcome, status)
+            log_outcome(outcome, row["status"], row.get("attempt"))
 
 
 #: What a failed run's recorded status means, by (outcome, status recorded).
@@ -150,26 +152,38 @@ _FAILURE_NOTES = {
 }
 
 
-def log_outcome(outcome: Outcome, status: str) -> None:
-    """One line per run: at INFO when it went well, at WARNING with the error class and
-    message (and the status the database recorded) when it failed; the traceback at INFO."""
+def job_fields(outcome: Outcome, attempt: int | None = None,
+               status: str | None = None) -> dict[str, Any]:
+    """The structured fields of a job's log line (``extra=``; see docs/operations.md)."""
+    return {"job_id": outcome.job_id, "workflow": outcome.workflow, "attempt": attempt,
+            "duration": round(outcome.duration, 6), "outcome": outcome.kind, "status": status}
+
+
+def log_outcome(outcome: Outcome, status: str, attempt: int | None = None) -> None:
+    """Count a recorded outcome and write its line: at INFO when it went well, at WARNING with
+    the error class and message (and the status the database recorded) when it failed; the
+    traceback at INFO. Each line carries the fields of :func:`job_fields`."""
+    _metrics.finished(outcome.workflow, outcome.kind, outcome.duration)
     took = f"{outcome.duration * 1000:.1f} ms"
+    extra = job_fields(outcome, attempt, status)
     if outcome.kind in ("err", "failed"):
         note = _FAILURE_NOTES.get((outcome.kind, status))
         log.warning("%s: %s in %s%s: %s: %s", outcome.describe(), status, took,
-                    f" ({note})" if note else "", outcome.error, outcome.message)
+                    f" ({note})" if note else "", outcome.error, outcome.message, extra=extra)
         if outcome.backtrace and log.isEnabledFor(logging.INFO):
             frames = json.loads(outcome.backtrace)
             log.info("%s: traceback (most recent call last):\n  %s", outcome.describe(),
-                     "\n  ".join(frames))
+                     "\n  ".join(frames), extra=extra)
     elif outcome.kind == "sleep":
         if log.isEnabledFor(logging.INFO):
             log.info("%s: %s in %s (waits for job %s)", outcome.describe(),
-                     "sleeping" if status == "sleep" else "woken at once", took, outcome.awaiting)
+                     "sleeping" if status == "sleep" else "woken at once", took, outcome.awaiting,
+                     extra=extra)
     elif outcome.kind == "release":
-        log.warning("%s: released for another run (no attempt counted)", outcome.describe())
+        log.warning("%s: released for another run (no attempt counted)", outcome.describe(),
+                    extra=extra)
     elif log.isEnabledFor(logging.INFO):
-        log.info("%s: %s in %s", outcome.describe(), status, took)
+        log.info("%s: %s in %s", outcome.describe(), status, took, extra=extra)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -95,8 +95,9 @@ class ConnPool:
     """The connections jobs use for their own statements (spawn, status notes, tokens) when they
     run in threads of a pool: opened from the engine on first use, at most one per slot."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, pooled: bool = False):
         self.engine = engine
+        self.pooled = pooled
         self._idle: queue.SimpleQueue[Conn] = queue.SimpleQueue()
         self._all: list[Conn] = []
         self._lock = threading.Lock()
@@ -105,7 +106,7 @@ class ConnPool:
         try:
             conn = self._idle.get_nowait()
         except queue.Empty:
-            conn = Conn.open(self.engine)
+            conn = Conn.open(self.engine, pooled=self.pooled)
             with self._lock:
                 self._all.append(conn)
         return conn
@@ -156,11 +157,11 @@ class Slots:
     """
 
     def __init__(self, size: int, engine: Engine, job_loop: Callable[[], JobLoop],
-                 on_done: Callable[[RunningJob, Outcome], None]):
+                 on_done: Callable[[RunningJob, Outcome], None], *, pooled: bool = False):
         self.size = size
         self.prefetch = max(1, size // 2)
         self.capacity = size + self.prefetch
-        self.pool = ConnPool(engine)
+        self.pool = ConnPool(engine, pooled)
         self.job_loop = job_loop
         self.on_done = on_done
         self._running: dict[int, tuple[RunningJob, concurrent.futures.Future[Outcome | None] | None]] = {}

@@ -28,10 +28,11 @@ WORKER_HEARTBEAT = (
 
 #: Record outcomes (a row of kind 'done' gives the status recorded, one of kind 'lost' names an
 #: outcome not recorded), reap now and then, and check out the next jobs (rows of kind 'job'):
-#: the whole cycle in one round trip.
+#: the whole cycle in one round trip. A 'done' row's failed_attempts are those before the run
+#: (read in the statement's snapshot, taken before the outcome was recorded: for the log).
 WORKER_CYCLE = (
     "SELECT kind, id, status, lease_token, workflow, workflow_version, args, queue, root_id, "
-    "full_id, parent_id FROM postjob.worker_cycle(%(worker_id)s::bigint, %(identifier)s::varchar, "
+    "full_id, parent_id, attempt FROM postjob.worker_cycle(%(worker_id)s::bigint, %(identifier)s::varchar, "
     "%(ids)s::bigint[], %(leases)s::bigint[], %(outcomes)s::text[], %(results)s::jsonb[], "
     "%(errors)s::text[], %(messages)s::text[], %(backtraces)s::jsonb[], %(versions)s::text[], "
     "%(awaiting)s::bigint[], %(workflows)s::text[], %(workflow_versions)s::text[], "
@@ -115,6 +116,13 @@ JOB_ENQUEUE_MANY = text(
 )
 
 JOB_EXISTS = text("SELECT status::text FROM postjob.postjobs WHERE id = :id")
+
+#: After a transactional run: the status recorded and the attempt the run was (an error
+#: counted it already), as worker_cycle reports them for the other runs.
+JOB_RECORDED = text(
+    "SELECT status::text, failed_attempts + CASE WHEN status IN ('err', 'failed') THEN 0 "
+    "ELSE 1 END FROM postjob.postjobs WHERE id = :id"
+)
 
 #: The statuses of these jobs, locked for an operator's change (reset).
 JOBS_STATUS_LOCKED = text(

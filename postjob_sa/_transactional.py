@@ -18,8 +18,8 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from postjob_sa import _sql
-from postjob_sa._db import Conn, check_driver
+from postjob_sa import _metrics, _sql
+from postjob_sa._db import Conn, check_driver, no_prepared_statements
 from postjob_sa._executor import Outcome, error_name, finish_params, run_job, run_job_async
 from postjob_sa._recorder import log_outcome
 from postjob_sa.context import RunningJob, _RunContext
@@ -34,8 +34,10 @@ _UNDONE = ("the run undid the worker's transaction (did the workflow run ROLLBAC
 class TransactionalRunner:
     """Runs transactional jobs one at a time (see the module docstring)."""
 
-    def __init__(self, engine: Engine, registry: Registry, *, lease: float, fast_mode: bool):
+    def __init__(self, engine: Engine, registry: Registry, *, lease: float, fast_mode: bool,
+                 pooled: bool = False):
         self.engine = engine
+        self.pooled = pooled
         self.driver = check_driver(engine)
         self.registry = registry
         self.lease = lease
@@ -45,6 +47,8 @@ class TransactionalRunner:
     def step(self, checkout: dict[str, Any]) -> int | None:
         """Run one job; its id once its outcome is committed, None if none was due."""
         with self.engine.connect() as conn:
+            if self.pooled:
+                no_prepared_statements(conn.connection.dbapi_connection, self.driver)
             trans = conn.begin()
             try:
                 row = conn.execute(_sql.JOB_CHECKOUT, checkout).mappings().first()
@@ -52,18 +56,19 @@ class TransactionalRunner:
                     trans.rollback()
                     return None
                 job = RunningJob(**{f: row[f] for f in RunningJob._fields})
+                _metrics.started(job.workflow, job.queue)
                 outcome = self._run(conn, job)
                 accepted = conn.execute(
                     _sql.JOB_FINISH, finish_params([outcome], self.fast_mode)
                 ).scalar_one()
                 _check_accepted(job, outcome, accepted, trans.rollback)
-                status = conn.execute(_sql.JOB_EXISTS, {"id": job.id}).scalar_one()
+                status, attempt = conn.execute(_sql.JOB_RECORDED, {"id": job.id}).one()
                 trans.commit()
             except BaseException:
                 if trans.is_active:
                     trans.rollback()
                 raise
-        return _ended(job, outcome, status)
+        return _ended(job, outcome, status, attempt)
 
     def _run(self, conn: Connection, job: RunningJob) -> Outcome:
         wf = self.registry.workflows[job.workflow]
@@ -104,19 +109,20 @@ class TransactionalRunner:
                     await trans.rollback()
                     return None
                 job = RunningJob(**{f: row[f] for f in RunningJob._fields})
+                _metrics.started(job.workflow, job.queue)
                 outcome = await self._run_async(conn, job)
                 accepted = (await conn.execute(
                     _sql.JOB_FINISH, finish_params([outcome], self.fast_mode))).scalar_one()
                 if job.id not in accepted:
                     await trans.rollback()
                 _check_accepted(job, outcome, accepted, lambda: None)
-                status = (await conn.execute(_sql.JOB_EXISTS, {"id": job.id})).scalar_one()
+                status, attempt = (await conn.execute(_sql.JOB_RECORDED, {"id": job.id})).one()
                 await trans.commit()
             except BaseException:
                 if trans.is_active:
                     await trans.rollback()
                 raise
-        return _ended(job, outcome, status)
+        return _ended(job, outcome, status, attempt)
 
     async def _run_async(self, conn: AsyncConnection, job: RunningJob) -> Outcome:
         wf = self.registry.workflows[job.workflow]
@@ -147,7 +153,9 @@ class TransactionalRunner:
     def _async_engine(self) -> AsyncEngine:
         """Async connections to the worker's database (psycopg 3), made once."""
         if self._async is None:
-            self._async = create_async_engine(self.engine.url.set(drivername="postgresql+psycopg"))
+            self._async = create_async_engine(
+                self.engine.url.set(drivername="postgresql+psycopg"),
+                connect_args={"prepare_threshold": None} if self.pooled else {})
         return self._async
 
     async def close_async(self) -> None:
@@ -191,8 +199,8 @@ def _check_accepted(job: RunningJob, outcome: Outcome, accepted: list[int],
         raise InvalidJobState(f"{outcome.describe()}: {_UNDONE}; nothing of it was committed")
 
 
-def _ended(job: RunningJob, outcome: Outcome, status: Any) -> int:
-    log_outcome(outcome, str(status))
+def _ended(job: RunningJob, outcome: Outcome, status: Any, attempt: int) -> int:
+    log_outcome(outcome, str(status), attempt)
     if outcome.interrupt is not None:
         raise outcome.interrupt
     return job.id

@@ -17,18 +17,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import URL, Engine
 
-from postjob_sa import _sql
+from postjob_sa import _metrics, _sql
 from postjob_sa._db import Conn, Failure, close_quietly, failure, worker_identifier
 from postjob_sa._executor import Outcome, run_job, run_job_async
 from postjob_sa._keeper import Keeper
 from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
-from postjob_sa._recorder import Recorder
+from postjob_sa._recorder import Recorder, job_fields
 from postjob_sa._runner import JobLoop, Slots
 from postjob_sa._signals import Abort, Stopper, WakeUp
 from postjob_sa._transactional import TransactionalRunner
 from postjob_sa._unknown import UnknownWorkflows
+from postjob_sa._wakeup import Waker, choose_waker
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.registry import Registry
 
@@ -65,6 +66,13 @@ class WorkerOptions:
     transactional: bool = False
     #: jobs at once in this worker (threads for sync workflows, tasks for async ones)
     concurrency: int = 1
+    #: the engine goes through a pooler in transaction mode: no session state (see _wakeup)
+    pooled: bool = False
+    #: a direct URL to LISTEN on when pooled (else the worker polls every poll_interval)
+    wakeup_url: URL | None = None
+    poll_interval: float = 1.0
+    #: what wakes the worker (None: chosen from the options above, see choose_waker)
+    waker: Waker | None = None
 
 
 class Worker:
@@ -90,12 +98,15 @@ class Worker:
         self.keeper = Keeper(
             engine, self.recorder, lease=options.lease, identifier=options.identifier,
             revision=head_revision(), workflows=self.lease_pairs[0] + self.tx_pairs[0],
-            queues=options.queues,
+            queues=options.queues, pooled=options.pooled,
         )
         self.tx_runner = TransactionalRunner(engine, registry, lease=options.lease,
-                                             fast_mode=options.fast_mode)
-        self.slots = (Slots(options.concurrency, engine, self.job_loop, self._on_done)
+                                             fast_mode=options.fast_mode, pooled=options.pooled)
+        self.slots = (Slots(options.concurrency, engine, self.job_loop, self._on_done,
+                            pooled=options.pooled)
                       if options.concurrency > 1 else None)
+        self.waker = options.waker or choose_waker(options.pooled, options.wakeup_url,
+                                                   options.poll_interval, options.identifier)
         self.stopper = Stopper()
         self.unknown = UnknownWorkflows()  # due jobs no running worker knows: warn
         self.conn: Conn | None = None
@@ -146,12 +157,12 @@ class Worker:
     def _connect(self) -> None:
         if self.conn is not None:
             return
-        conn = Conn.open(self.engine)
+        conn = Conn.open(self.engine, name=f"postjob worker {self.opts.identifier}",
+                         pooled=self.opts.pooled)
         try:
             check_revision(read_revision(conn.scalar), read_oldest_served(conn.scalar))
-            conn.scalar(_sql.WORKER_NAME_SET, {"name": f"postjob worker {self.opts.identifier}"})
             if not self.opts.until_idle:
-                conn.listen(_sql.WORKER_LISTEN)
+                self.waker.attach(conn)
         except BaseException:
             conn.close()
             raise
@@ -160,6 +171,7 @@ class Worker:
     def _disconnect(self) -> None:
         close_quietly(self.conn)
         self.conn = None
+        self.waker.reset()
 
     def _shutdown(self) -> None:
         self.keeper.stop()
@@ -170,6 +182,7 @@ class Worker:
                         "their lease ends): %s", len(self.recorder.take()), exc)
         self.keeper.unregister(self.conn)
         self._disconnect()
+        self.waker.close()
         if self.slots is not None:
             self.slots.close()
         if self._job_loop is not None:
@@ -224,6 +237,7 @@ class Worker:
                 delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
                 failures += 1
                 log.warning("database unreachable (%s); reconnecting in %.2fs", message, delay)
+                _metrics.reconnected()
                 self._disconnect()
                 self._sleep(delay)
 
@@ -256,6 +270,7 @@ class Worker:
         reap = now - self._last_reap >= REAP_INTERVAL
         if reap:
             self._last_reap = now
+        self.waker.idle()  # first: a job that commits after the next statement wakes us
         ttnj = self.conn.scalar(_sql.WORKER_IDLE, self._idle_params(reap))
         if ttnj is not None and ttnj <= 0 and (self.slots is None or self.slots.free):
             # due now, yet the checkout found nothing to take: its row is locked by another
@@ -265,14 +280,15 @@ class Worker:
         else:
             self._misses = 0
             timeout = WAIT_CAP if ttnj is None else min(max(float(ttnj), 0.0), WAIT_CAP)
-        timeout = min(timeout, self.keeper.seconds_to_beat())
+        timeout = min(timeout, self.keeper.seconds_to_beat(), self.waker.cap or WAIT_CAP)
         if timeout <= 0 or self.stop_requested:
+            self.waker.not_waiting()
             return
         self.stopper.waiting = True
         try:
-            self.conn.wait(timeout, self.stopper.wake_fd())
+            self.waker.wait(self.conn, timeout, self.stopper.wake_fd())
         except WakeUp:
-            pass
+            self.waker.not_waiting()
         finally:
             self.stopper.waiting = False
 
@@ -304,6 +320,10 @@ class Worker:
         jobs = [RunningJob(**{f: r[f] for f in RunningJob._fields}) for r in rows]
         self.keeper.hold((j.id, j.lease_token) for j in jobs if j.lease_token is not None)
         self.started += len(jobs)
+        for job in jobs:
+            _metrics.started(job.workflow, job.queue)
+        if jobs and len(jobs) == limit:
+            self.waker.backlog()
         return jobs
 
     def _lease_batch(self) -> int:
@@ -354,7 +374,8 @@ class Worker:
             self.ran += 1
         if outcome.kind == "lost":
             log.warning("%s: lease lost during the run (reaped, reset or resolved meanwhile): "
-                        "the run is abandoned", outcome.describe())
+                        "the run is abandoned", outcome.describe(), extra=job_fields(outcome))
+            _metrics.lease_lost(job.workflow)
             self.keeper.release([job.id])
             return
         self.recorder.add(outcome)
@@ -453,6 +474,7 @@ class Worker:
             finally:
                 self.stopper.in_job = False
             if job_id is not None:
+                self.waker.backlog()  # it asked for one and got it
                 self.started += 1
                 self.ran += 1
                 self.tx_recorded += 1

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import URL, Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
@@ -71,6 +71,9 @@ class AsyncJobQueue:
         identifier: str | None = None,
         concurrency: int = 1,
         worker_engine: Engine | None = None,
+        pooled: bool = False,
+        wakeup_url: str | URL | None = None,
+        poll_interval: float = 1.0,
     ):
         if not isinstance(session, AsyncSession):
             raise InvalidArgument(
@@ -83,6 +86,7 @@ class AsyncJobQueue:
         self._options: dict[str, Any] = {
             "fast_mode": fast_mode, "lease": lease, "batch_size": batch_size,
             "registry": registry, "identifier": identifier, "concurrency": concurrency,
+            "pooled": pooled, "wakeup_url": wakeup_url, "poll_interval": poll_interval,
         }
         self._template = self._queue(session.sync_session)
 

@@ -13,13 +13,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import URL, Connection, Engine, select
 from sqlalchemy.orm import Session, make_transient_to_detached
 
-from postjob_sa import _sql, _validate
+from postjob_sa import _metrics, _sql, _validate
 from postjob_sa._db import check_driver, worker_identifier
 from postjob_sa._executor import MAX_MESSAGE_CHARS, Outcome, error_name, finish_params
 from postjob_sa._migrations import schema_checked
+from postjob_sa._wakeup import wakeup_url_of
 from postjob_sa._worker import Worker, WorkerOptions
 from postjob_sa.errors import InvalidArgument, InvalidJobState, JobNotFound
 from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, Job, Status
@@ -55,6 +56,12 @@ class JobQueue:
     it while the job runs); ``batch_size`` is how many jobs a worker checks out per round trip;
     ``concurrency`` is how many jobs a worker runs at once (sync workflows in threads, async
     ones as tasks on an event loop of the worker's; each keeps its own lease).
+
+    ``pooled=True`` is for a session's engine that goes through a pooler in transaction mode
+    (PgBouncer): the worker keeps nothing in its connections' sessions (no LISTEN, no
+    server-side prepared statements, no session settings). It then LISTENs on a direct
+    connection to ``wakeup_url`` if given, and otherwise looks at the queue every
+    ``poll_interval`` seconds (see docs/operations.md).
     """
 
     def __init__(
@@ -67,6 +74,9 @@ class JobQueue:
         registry: Registry | None = None,
         identifier: str | None = None,
         concurrency: int = 1,
+        pooled: bool = False,
+        wakeup_url: str | URL | None = None,
+        poll_interval: float = 1.0,
     ):
         if not isinstance(session, Session):
             raise InvalidArgument(
@@ -83,6 +93,9 @@ class JobQueue:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
             raise InvalidArgument(f"concurrency must be an integer from 1 to 1000, not {concurrency!r}")
         self.concurrency = concurrency
+        self.pooled = bool(pooled)
+        self.wakeup_url = None if wakeup_url is None else wakeup_url_of(wakeup_url)
+        self.poll_interval = _validate.seconds(poll_interval, "poll_interval") or 1.0
         self.registry = registry or default_registry
         self.identifier = identifier or worker_identifier()
 
@@ -110,7 +123,9 @@ class JobQueue:
     def _worker_on(self, engine: Engine, **options: Any) -> Worker:
         check_driver(engine)
         opts = WorkerOptions(lease=self.lease, fast_mode=self.fast_mode,
-                             identifier=self.identifier, **options)
+                             identifier=self.identifier, pooled=self.pooled,
+                             wakeup_url=self.wakeup_url, poll_interval=self.poll_interval,
+                             **options)
         return Worker(engine, self.registry, opts)
 
     # -- enqueue -----------------------------------------------------------------------------
@@ -186,6 +201,7 @@ class JobQueue:
         )
         make_transient_to_detached(job)
         self.session.add(job)
+        _metrics.enqueued(name, opts["queue"])
         return job
 
     @schema_checked
@@ -221,7 +237,9 @@ class JobQueue:
                 "run_at": opts["run_at"],
             },
         )
-        return [r[0] for r in rows]
+        ids = [r[0] for r in rows]
+        _metrics.enqueued(name, opts["queue"], len(ids))
+        return ids
 
     # -- checkout in the caller's transaction ------------------------------------------------
 

@@ -1,6 +1,7 @@
 """``postjob run --processes N``: N worker processes under one supervisor that restarts a
 crashed child and forwards SIGTERM/SIGINT (each child stops after its current job; a second
-signal stops them at once)."""
+signal stops them at once). With a :class:`~._relay.Relay`, the supervisor alone listens for
+jobs and wakes one idle child at a time."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import time
 from dataclasses import dataclass, field
 from types import FrameType
 
+from postjob_sa._wakeup import RELAY_FD_ENV
+
 from ._errors import EXIT_BAD_INPUT
+from ._relay import Relay
 
 log = logging.getLogger("postjob_sa.cli")
 
@@ -38,6 +42,7 @@ class Supervisor:
     slots: list[_Slot] = field(default_factory=list)
     stopping: bool = False
     failed: bool = False
+    relay: Relay | None = None
 
     def run(self) -> int:
         previous = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -48,8 +53,13 @@ class Supervisor:
             while any(s.proc is not None or s.restart_at is not None for s in self.slots):
                 self._reap_children()
                 self._restart_due()
-                time.sleep(POLL_INTERVAL)
+                if self.relay is None:
+                    time.sleep(POLL_INTERVAL)
+                else:
+                    self.relay.serve(POLL_INTERVAL)
         finally:
+            if self.relay is not None:
+                self.relay.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
         return EXIT_BAD_INPUT if self.failed else 0
@@ -57,7 +67,13 @@ class Supervisor:
     def _start(self, slot: _Slot) -> None:
         # Own process group: a terminal's Ctrl-C reaches only the supervisor, which forwards
         # it once (a second delivery would make the workers stop mid-job).
-        slot.proc = subprocess.Popen(self.argv, env=self.env, process_group=0)
+        if self.relay is None:
+            slot.proc = subprocess.Popen(self.argv, env=self.env, process_group=0)
+        else:
+            fd = self.relay.add(slot.number)
+            slot.proc = subprocess.Popen(self.argv, env={**self.env, RELAY_FD_ENV: str(fd)},
+                                         process_group=0, pass_fds=(fd,))
+            self.relay.started(slot.number)
         slot.started = time.monotonic()
         slot.restart_at = None
         log.info("worker %d started with pid %d", slot.number, slot.proc.pid)
@@ -67,6 +83,8 @@ class Supervisor:
             if slot.proc is None or (code := slot.proc.poll()) is None:
                 continue
             pid, slot.proc = slot.proc.pid, None
+            if self.relay is not None:
+                self.relay.remove(slot.number)
             if code == 0 or self.stopping:
                 log.info("worker %d (pid %d) exited with status %d", slot.number, pid, code)
                 continue

@@ -8,13 +8,15 @@ import sys
 
 import click
 
+from postjob_sa._wakeup import relay_from_environment
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.queue import DEFAULT_LEASE, JobQueue
 from postjob_sa.registry import default_registry
 
 from . import _parse
-from ._env import App
+from ._env import App, parse_url
 from ._logging import configure_logging
+from ._scaleout import metrics_served, relay_for
 from ._supervisor import Supervisor
 from .job import import_modules
 
@@ -23,10 +25,11 @@ log = logging.getLogger("postjob_sa.cli")
 
 def _child_argv(app: App, verbose: int, count: int | None, queues: tuple[str, ...],
                 modules: tuple[str, ...], lease: float, batch: int, fast: bool,
-                jobs_per_process: int) -> list[str]:
+                jobs_per_process: int, pooled: bool, log_format: str) -> list[str]:
     argv = [sys.executable, "-m", "postjob_sa.cli"]
     argv += ["-" + "v" * verbose] if verbose else []
-    argv += ["run", "--lease", repr(lease), "--batch", str(batch)]
+    argv += ["run", "--lease", repr(lease), "--batch", str(batch), "--log-format", log_format]
+    argv += ["--pooled"] if pooled else []
     argv += ["--jobs-per-process", str(jobs_per_process)]
     argv += ["--count", str(count)] if count is not None else []
     for q in queues:
@@ -53,16 +56,29 @@ def _child_argv(app: App, verbose: int, count: int | None, queues: tuple[str, ..
 @click.option("--jobs-per-process", type=int, default=1, show_default=True, metavar="N",
               help="Jobs each process runs at once: sync workflows in threads, async ones as "
               "tasks on one event loop.")
+@click.option("--pooled", is_flag=True,
+              help="The database URL is a pooler in transaction mode (PgBouncer): keep no session "
+              "state on its connections.")
+@click.option("--wakeup-url", metavar="URL",
+              help="A direct URL to LISTEN on for new jobs (default: the database URL, unless "
+              "--pooled).")
+@click.option("--poll-interval", default="1s", show_default=True, metavar="DURATION",
+              help="With --pooled and no --wakeup-url: how often the queue is looked at.")
+@click.option("--metrics-port", type=int, metavar="N",
+              help="Serve Prometheus metrics on http://0.0.0.0:N/metrics.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: one object per line, with the job's fields.")
 @click.option("--fast", is_flag=True, help="Fast retries (0.01 s back-off base: tests and demos).")
 @click.option("-v", "--verbose", count=True, help="-v: one log line per job; -vv: debug.")
 @click.pass_obj
 def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str, ...],
         lease: str, batch: int, processes: int | None, old_processes: int | None,
-        jobs_per_process: int, fast: bool, verbose: int) -> None:
+        jobs_per_process: int, pooled: bool, wakeup_url: str | None, poll_interval: str,
+        metrics_port: int | None, log_format: str, fast: bool, verbose: int) -> None:
     """Run a worker: check out jobs of the imported workflows until Ctrl-C/SIGTERM
     (running jobs finish first; a second signal stops at once and hands them back)."""
     verbose = max(verbose, app.verbose)
-    configure_logging(verbose)
+    configure_logging(verbose, log_format)
     if old_processes is not None:
         if processes is not None:
             raise InvalidArgument("give --processes (the new name of --concurrency), not both")
@@ -74,21 +90,29 @@ def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str
     _parse.positive_int(concurrency, "--processes", 256)
     _parse.positive_int(jobs_per_process, "--jobs-per-process", 1000)
     lease_seconds = _parse.duration(lease, "--lease duration")
+    poll_seconds = _parse.duration(poll_interval, "--poll-interval")
+    _parse.positive_int(metrics_port, "--metrics-port", 65535)
+    if wakeup_url is not None:
+        parse_url(wakeup_url)  # a bad URL is refused before anything starts
     import_modules(modules)
     if not default_registry.workflows:
         raise InvalidArgument(
             "no workflows to run: pass --import MODULE (a module defining @postjob_sa.workflow functions)"
         )
-    with app.session() as session:
+    waker = relay_from_environment()  # a child of a supervisor: it wakes this worker
+    with app.session() as session, \
+            metrics_served(metrics_port, app.engine, concurrency) as metrics_env:
         queue = JobQueue(session, fast_mode=fast, lease=lease_seconds, batch_size=batch,
-                         concurrency=jobs_per_process)
+                         concurrency=jobs_per_process, pooled=pooled, wakeup_url=wakeup_url,
+                         poll_interval=poll_seconds)
         if concurrency > 1:
             log.info("supervisor pid %d: starting %d workers (%s)", os.getpid(), concurrency,
                      app.display_url())
             argv = _child_argv(app, verbose, count, queues, modules, lease_seconds, batch, fast,
-                               jobs_per_process)
-            env = {**os.environ, "POSTJOB_DATABASE_URL": app.url_with_password()}
-            code = Supervisor(argv, env, concurrency).run()
+                               jobs_per_process, pooled, log_format)
+            env = {**os.environ, **metrics_env, "POSTJOB_DATABASE_URL": app.url_with_password()}
+            code = Supervisor(argv, env, concurrency,
+                              relay=relay_for(app, pooled, wakeup_url, poll_seconds)).run()
             if code:
                 raise click.exceptions.Exit(code)
             return
@@ -96,7 +120,8 @@ def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str
         log.info("worker pid %d started: queues %s, workflows %s, %d job(s) at once (%s)",
                  os.getpid(), ",".join(queues) or "all", names, jobs_per_process,
                  app.display_url())
-        done = queue.work(count=count, queues=list(queues) or None)
+        done = queue._worker(count=count, batch=batch, queues=list(queues) or None,
+                             concurrency=jobs_per_process, waker=waker).run()
         log.info("worker pid %d stopped after %d job(s)", os.getpid(), done)
 
 

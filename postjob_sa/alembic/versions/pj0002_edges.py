@@ -522,8 +522,9 @@ $$;
 
 -- The worker's cycle in one round trip: record the outcomes of its previous jobs, reap now and
 -- then (p_reap), and check out the next batch. Rows of kind 'job' are the jobs checked out; a row
--- of kind 'done' gives the status recorded for an outcome; a row of kind 'lost' names an outcome
--- that was not recorded because the job was no longer this run's (reaped, reset or resolved).
+-- of kind 'done' gives the status recorded for an outcome and the attempt the run was; a row of
+-- kind 'lost' names an outcome that was not recorded because the job was no longer this run's
+-- (reaped, reset or resolved).
 CREATE OR REPLACE FUNCTION postjob.worker_cycle(
   p_worker_id bigint,
   p_identifier varchar,
@@ -545,7 +546,7 @@ CREATE OR REPLACE FUNCTION postjob.worker_cycle(
   p_reap boolean)
 RETURNS TABLE (kind text, id bigint, status text, lease_token bigint, workflow varchar,
                workflow_version varchar, args jsonb, queue varchar, root_id bigint,
-               full_id varchar, parent_id bigint)
+               full_id varchar, parent_id bigint, attempt integer)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -555,13 +556,18 @@ BEGIN
     v_accepted := postjob.finish_jobs(p_ids, p_lease_tokens, p_outcomes, p_results, p_errors,
                                       p_messages, p_backtraces, p_versions, p_awaiting,
                                       p_fast_mode);
+    -- the attempt each run was: an error counted it already, any other outcome did not
     RETURN QUERY SELECT 'done'::text, d.id, d.status::text, NULL::bigint, NULL::varchar,
                         NULL::varchar, NULL::jsonb, NULL::varchar, NULL::bigint,
-                        NULL::varchar, NULL::bigint
-      FROM postjob.postjobs d WHERE d.id = ANY (v_accepted);
+                        NULL::varchar, NULL::bigint,
+                        d.failed_attempts + CASE WHEN i.outcome IN ('err', 'failed') THEN 0
+                                                 ELSE 1 END
+      FROM postjob.postjobs d
+      JOIN unnest(p_ids, p_outcomes) AS i(id, outcome) ON i.id = d.id
+      WHERE d.id = ANY (v_accepted);
     RETURN QUERY SELECT 'lost'::text, x, NULL::text, NULL::bigint, NULL::varchar,
                         NULL::varchar, NULL::jsonb, NULL::varchar, NULL::bigint,
-                        NULL::varchar, NULL::bigint
+                        NULL::varchar, NULL::bigint, NULL::integer
       FROM unnest(p_ids) AS x WHERE x <> ALL (v_accepted);
   END IF;
   IF p_reap THEN
@@ -569,7 +575,8 @@ BEGIN
   END IF;
   IF p_limit > 0 THEN
     RETURN QUERY SELECT 'job'::text, j.id, 'processing'::text, j.lease_token, j.workflow,
-                        j.workflow_version, j.args, j.queue, j.root_id, j.full_id, j.parent_id
+                        j.workflow_version, j.args, j.queue, j.root_id, j.full_id, j.parent_id,
+                        NULL::integer
       FROM postjob.checkout_v2(p_worker_id, p_identifier, p_workflows, p_workflow_versions,
                                p_queues, p_limit, p_lease) j;
   END IF;
