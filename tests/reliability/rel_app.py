@@ -11,31 +11,40 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 import time
 from typing import Any
 
 import postjob_sa
 
 _driver: Any = importlib.import_module(os.environ.get("POSTJOB_TEST_DRIVER") or "psycopg")
-_conn: Any = None
+_local = threading.local()  # a connection per thread: jobs may run several at once
+
+
+def _connection() -> Any:
+    conn = getattr(_local, "conn", None)
+    if conn is None:
+        conn = _driver.connect(os.environ["REL_APP_URL"])
+        conn.autocommit = True
+        if hasattr(conn, "prepare_threshold"):  # psycopg 3: the URL may go through PgBouncer
+            conn.prepare_threshold = None
+        _local.conn = conn
+    return conn
 
 
 def record(what: str, job_id: int | None = None) -> None:
     """Insert (job id, pid, what, clock_timestamp()) into rel_runs; reconnects after an outage
     (the failed insert raises, so the job is retried)."""
-    global _conn
-    if _conn is None:
-        _conn = _driver.connect(os.environ["REL_APP_URL"])
-        _conn.autocommit = True
+    conn = _connection()
     try:
-        with _conn.cursor() as cur:
+        with conn.cursor() as cur:
             cur.execute(
                 "INSERT INTO rel_runs (job_id, pid, what) VALUES (%s, %s, %s)",
                 (postjob_sa.current_job().id if job_id is None else job_id, os.getpid(), what),
             )
     except _driver.Error:
-        _conn.close()
-        _conn = None
+        conn.close()
+        _local.conn = None
         raise
 
 
@@ -89,10 +98,8 @@ def parent(key: int, seconds: float) -> int:
 def cut(seconds: float) -> str:
     """Terminates the worker's own main connection (an outage as seen by one worker), then
     works on for longer than the worker's flush interval."""
-    global _conn
     record("cut")
-    assert _conn is not None
-    with _conn.cursor() as cur:
+    with _connection().cursor() as cur:
         cur.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
