@@ -27,6 +27,7 @@ from postjob_sa.errors import (
     ChildFailed,
     InvalidArgument,
     InvalidJobState,
+    JobCancelled,
     JobNotFound,
     NonRecoverable,
     NotInJob,
@@ -34,7 +35,7 @@ from postjob_sa.errors import (
     ResultNotJSON,
     SchemaError,
 )
-from postjob_sa.models import Base, Job, Status, Token, metadata
+from postjob_sa.models import Base, Job, QueueLimit, Schedule, Status, Token, metadata
 from postjob_sa.queue import JobQueue
 from postjob_sa.registry import Registry, Workflow, workflow
 
@@ -47,14 +48,17 @@ __all__ = [
     "InvalidArgument",
     "InvalidJobState",
     "Job",
+    "JobCancelled",
     "JobNotFound",
     "JobQueue",
     "NonRecoverable",
     "NotInJob",
     "PostjobError",
+    "QueueLimit",
     "Registry",
     "ResultNotJSON",
     "RunningJob",
+    "Schedule",
     "SchemaError",
     "Status",
     "Token",

@@ -16,7 +16,7 @@ from typing import Any
 from postjob_sa import _json
 from postjob_sa._signals import Abort
 from postjob_sa.context import Pending, _RunContext, enter, leave
-from postjob_sa.errors import LeaseLost, NonRecoverable, ResultNotJSON
+from postjob_sa.errors import JobCancelled, LeaseLost, NonRecoverable, ResultNotJSON
 from postjob_sa.registry import Workflow
 
 log = logging.getLogger("postjob_sa.worker")
@@ -84,13 +84,13 @@ def run_job(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
     try:
         try:
             value = wf.fn(ctx.session, *ctx.job.args) if wf.transactional else wf.fn(*ctx.job.args)
-        except (Abort, LeaseLost):
+        except (Abort, LeaseLost, JobCancelled):
             raise
         except BaseException as exc:
             outcome = _from_error(ctx, wf, exc, _flush(ctx))
         else:
             outcome = _from_value(ctx, wf, value, _flush(ctx) if ctx.pending else None)
-    except LeaseLost:
+    except (LeaseLost, JobCancelled):
         outcome = Outcome(ctx.job.id, ctx.job.lease_token, "lost", version=wf.version)
     finally:
         leave(token)
@@ -107,14 +107,14 @@ async def run_job_async(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
         try:
             args = ctx.job.args
             value = await (wf.fn(ctx.session, *args) if wf.transactional else wf.fn(*args))
-        except (Abort, LeaseLost):
+        except (Abort, LeaseLost, JobCancelled):
             raise
         except BaseException as exc:
             outcome = _from_error(ctx, wf, exc, await _flush_async(ctx))
         else:
             flush_error = await _flush_async(ctx) if ctx.pending else None
             outcome = _from_value(ctx, wf, value, flush_error)
-    except LeaseLost:
+    except (LeaseLost, JobCancelled):
         outcome = Outcome(ctx.job.id, ctx.job.lease_token, "lost", version=wf.version)
     finally:
         leave(token)
@@ -128,10 +128,11 @@ def _stamped(outcome: Outcome, ctx: _RunContext, started: float) -> Outcome:
 
 
 def _flush(ctx: _RunContext) -> Exception | None:
-    """Create the children the run spawned; the error if that failed (LeaseLost propagates)."""
+    """Create the children the run spawned; the error if that failed (LeaseLost and
+    JobCancelled propagate)."""
     try:
         ctx.flush_children()
-    except LeaseLost:
+    except (LeaseLost, JobCancelled):
         raise
     except Exception as exc:
         log.warning("job %s: could not create the children it spawned: %s", ctx.job.id, exc)
@@ -142,7 +143,7 @@ def _flush(ctx: _RunContext) -> Exception | None:
 async def _flush_async(ctx: _RunContext) -> Exception | None:
     try:
         await ctx.flush_children_async()
-    except LeaseLost:
+    except (LeaseLost, JobCancelled):
         raise
     except Exception as exc:
         log.warning("job %s: could not create the children it spawned: %s", ctx.job.id, exc)

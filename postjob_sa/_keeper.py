@@ -144,6 +144,11 @@ class Keeper:
                 self._held.pop(i, None)
                 self._lost.discard(i)
 
+    def is_lost(self, job_id: int) -> bool:
+        """Whether a heartbeat found this job no longer ours (cancelled, reaped, reset)."""
+        with self._lock:
+            return job_id in self._lost
+
     # -- beating -------------------------------------------------------------------------------
 
     def seconds_to_beat(self) -> float:

@@ -157,13 +157,15 @@ class Slots:
     """
 
     def __init__(self, size: int, engine: Engine, job_loop: Callable[[], JobLoop],
-                 on_done: Callable[[RunningJob, Outcome], None], *, pooled: bool = False):
+                 on_done: Callable[[RunningJob, Outcome], None], *,
+                 lost: Callable[[int], bool] | None = None, pooled: bool = False):
         self.size = size
         self.prefetch = max(1, size // 2)
         self.capacity = size + self.prefetch
         self.pool = ConnPool(engine, pooled)
         self.job_loop = job_loop
         self.on_done = on_done
+        self.lost = lost
         self._running: dict[int, tuple[RunningJob, concurrent.futures.Future[Outcome | None] | None]] = {}
         self._started: set[int] = set()  # of _running: those a slot has begun
         self._abandoned: set[int] = set()
@@ -236,7 +238,7 @@ class Slots:
                 continue
             db = _JobDb(self.pool)
             try:
-                outcome = run_job(_RunContext(job, db=db), wf)
+                outcome = run_job(_RunContext(job, db=db, lost=self.lost), wf)
             except BaseException as exc:  # Abort cannot reach a pool thread; be safe anyway
                 outcome = Outcome(job.id, job.lease_token, "release", interrupt=exc,
                                   workflow=job.workflow)
@@ -253,7 +255,7 @@ class Slots:
                     return None
                 db = _JobDb(self.pool)
                 try:
-                    outcome = await run_job_async(_RunContext(job, db=db), wf)
+                    outcome = await run_job_async(_RunContext(job, db=db, lost=self.lost), wf)
                 finally:
                     db.done()
         finally:

@@ -90,14 +90,24 @@ SCHEMA_OLDEST_SERVED = "SELECT postjob.oldest_served_code()"
 
 # -- the Session-bound API -------------------------------------------------------------------
 
-#: A job, or nothing when an unfinished child with the same key exists (see JOB_CHILD_BY_KEY).
+#: A job, or nothing when an unfinished job holds the unique key, or the parent has this child
+#: already (see JOB_BY_UNIQUE_KEY and JOB_CHILD_BY_KEY): ON CONFLICT, so a concurrent enqueue
+#: of the same key waits for the other transaction instead of failing, and the caller's
+#: transaction stays usable.
 JOB_ENQUEUE = text(
     "INSERT INTO postjob.postjobs (workflow, args, queue, max_attempts, timeout, "
-    "workflow_version, tags, parent_id, next_run_at) "
+    "workflow_version, tags, parent_id, next_run_at, priority, unique_key) "
     "VALUES (:workflow, CAST(:args AS jsonb), :queue, :max_attempts, :timeout, :version, "
-    "CAST(:tags AS jsonb), :parent_id, COALESCE(CAST(:run_at AS timestamptz), now())) "
+    "CAST(:tags AS jsonb), :parent_id, COALESCE(CAST(:run_at AS timestamptz), now()), "
+    ":priority, :unique_key) "
     "ON CONFLICT DO NOTHING "
     "RETURNING id, root_id, full_id"
+)
+
+#: The unfinished job that holds a unique key.
+JOB_BY_UNIQUE_KEY = text(
+    "SELECT id FROM postjob.postjobs WHERE unique_key = :unique_key "
+    "AND status IN ('ready', 'processing', 'sleep', 'err')"
 )
 
 JOB_CHILD_BY_KEY = text(
@@ -107,9 +117,10 @@ JOB_CHILD_BY_KEY = text(
 
 JOB_ENQUEUE_MANY = text(
     "INSERT INTO postjob.postjobs (id, root_id, full_id, queue, workflow, workflow_version, "
-    "args, tags, max_attempts, timeout, next_run_at) "
+    "args, tags, max_attempts, timeout, next_run_at, priority) "
     "SELECT n.id, n.id, n.id::text, :queue, :workflow, :version, n.args, "
-    "CAST(:tags AS jsonb), :max_attempts, :timeout, COALESCE(CAST(:run_at AS timestamptz), now()) "
+    "CAST(:tags AS jsonb), :max_attempts, :timeout, COALESCE(CAST(:run_at AS timestamptz), now()), "
+    ":priority "
     "FROM (SELECT nextval('postjob.postjobs_id_seq') AS id, a.args, a.ord "
     "      FROM jsonb_array_elements(CAST(:args AS jsonb)) WITH ORDINALITY AS a(args, ord)) n "
     "ORDER BY n.ord RETURNING id"
@@ -159,6 +170,9 @@ JOB_RESOLVE = text(
 
 JOBS_RESET = text("SELECT postjob.reset_jobs(CAST(:ids AS bigint[]))")
 
+#: The ids cancelled: these jobs and their unfinished descendants.
+JOBS_CANCEL = text("SELECT postjob.cancel_jobs(CAST(:ids AS bigint[]))")
+
 JOB_FORCE = text("SELECT postjob.force_job(CAST(:id AS bigint))")
 
 JOBS_REAP = text("SELECT postjob.reap_v2()")
@@ -189,3 +203,68 @@ WORKFLOWS_UNKNOWN = (
 
 #: The workflows each live worker has registered (one row per worker).
 WORKERS_LIVE = text("SELECT workflows FROM postjob.workers WHERE expires_at > now()")
+
+# -- queue limits and schedules --------------------------------------------------------------
+
+#: Set a queue's limits (the rate's record of recent starts is kept).
+QUEUE_LIMITS_SET = text(
+    "INSERT INTO postjob.queue_limits (queue, concurrency, rate, period) "
+    "VALUES (:queue, :concurrency, :rate, :period) "
+    "ON CONFLICT (queue) DO UPDATE SET concurrency = EXCLUDED.concurrency, "
+    "rate = EXCLUDED.rate, period = EXCLUDED.period, updated_at = now()"
+)
+
+QUEUE_LIMITS_DELETE = text("DELETE FROM postjob.queue_limits WHERE queue = :queue")
+
+#: Each limited queue with its processing jobs and its starts in the last period.
+QUEUE_LIMITS_REPORT = text(
+    "SELECT l.queue, l.concurrency, l.rate, l.period, "
+    "(SELECT count(*) FROM postjob.postjobs j "
+    " WHERE j.queue = l.queue AND j.status = 'processing') AS processing, "
+    "(SELECT COALESCE(sum(c), 0) FROM unnest(l.rate_slots, l.rate_counts) AS r(s, c) "
+    " WHERE r.s >= floor((EXTRACT(EPOCH FROM now()) - l.period) / (l.period / 20))) AS started "
+    "FROM postjob.queue_limits l ORDER BY l.queue"
+)
+
+#: Why a run's fenced write was refused: the job's status now (cancelled, or anything else).
+JOB_STATUS = "SELECT status::text FROM postjob.postjobs WHERE id = %(job_id)s::bigint"
+
+#: Register a schedule (a changed definition starts again from the next tick).
+SCHEDULE_REGISTER = (
+    "INSERT INTO postjob.schedules (name, cron, timezone, every, skip_missed, next_tick_at, "
+    "last_tick_at) "
+    "VALUES (%(name)s::varchar, %(cron)s::varchar, %(timezone)s::varchar, %(every)s::float8, "
+    "%(skip_missed)s::boolean, %(next_tick)s::timestamptz, %(now)s::timestamptz) "
+    "ON CONFLICT (name) DO UPDATE SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, "
+    "every = EXCLUDED.every, skip_missed = EXCLUDED.skip_missed, "
+    "next_tick_at = CASE WHEN (schedules.cron, schedules.timezone, schedules.every) "
+    "  IS NOT DISTINCT FROM (EXCLUDED.cron, EXCLUDED.timezone, EXCLUDED.every) "
+    "  THEN schedules.next_tick_at ELSE EXCLUDED.next_tick_at END, "
+    "last_tick_at = CASE WHEN (schedules.cron, schedules.timezone, schedules.every) "
+    "  IS NOT DISTINCT FROM (EXCLUDED.cron, EXCLUDED.timezone, EXCLUDED.every) "
+    "  THEN schedules.last_tick_at ELSE EXCLUDED.last_tick_at END, "
+    "registered_at = statement_timestamp() "
+    "RETURNING last_tick_at, statement_timestamp() AS now"
+)
+
+DB_TIME = "SELECT statement_timestamp()"
+
+#: The schedules' last ticks, and the database's time (every worker ticks by the same clock).
+SCHEDULES_STATE = (
+    "SELECT name, last_tick_at, statement_timestamp() AS now FROM postjob.schedules "
+    "WHERE name = ANY(%(names)s::text[])"
+)
+
+#: Claim a tick and enqueue its job (NULL: taken by another worker, or skipped).
+SCHEDULE_TICK = (
+    "SELECT postjob.schedule_tick(%(name)s::varchar, %(tick)s::timestamptz, "
+    "%(next_tick)s::timestamptz, %(skip)s::boolean, %(queue)s::varchar, "
+    "%(max_attempts)s::integer, %(timeout)s::float8, %(tags)s::jsonb)"
+)
+
+SCHEDULES_LIST = text(
+    "SELECT s.name, s.cron, s.timezone, s.every, s.skip_missed, s.last_tick_at, s.next_tick_at, "
+    "s.last_run_at, s.last_job_id, j.status::text AS last_status, s.registered_at "
+    "FROM postjob.schedules s LEFT JOIN postjob.postjobs j ON j.id = s.last_job_id "
+    "ORDER BY s.name"
+)

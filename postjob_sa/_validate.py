@@ -15,6 +15,7 @@ MAX_ARGS_BYTES = 1 << 20  # 1 MiB of JSON per job's args
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_TIMEOUT_SECONDS = 366 * 24 * 3600.0
 MAX_NAME_LENGTH = 200
+MAX_PRIORITY = 1_000_000
 
 
 def name(value: object, what: str) -> str:
@@ -112,6 +113,23 @@ def run_at(value: object) -> datetime | None:
         raise InvalidArgument(f"run_at must be a datetime, not {value!r}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidArgument("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    return value
+
+
+def priority(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"priority must be an integer, not {value!r}")
+    if not -MAX_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidArgument(f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, not {value}")
+    return value
+
+
+def count(value: object, what: str) -> int | None:
+    """A limit: None, or a whole number from 0 up."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 31:
+        raise InvalidArgument(f"{what} must be a whole number from 0 up, not {value!r}")
     return value
 
 

@@ -26,6 +26,7 @@ from postjob_sa._keeper import Keeper
 from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
 from postjob_sa._recorder import Recorder, job_fields
 from postjob_sa._runner import JobLoop, Slots
+from postjob_sa._scheduler import Scheduler
 from postjob_sa._signals import Abort, Stopper, WakeUp
 from postjob_sa._transactional import TransactionalRunner
 from postjob_sa._unknown import UnknownWorkflows
@@ -100,10 +101,12 @@ class Worker:
             revision=head_revision(), workflows=self.lease_pairs[0] + self.tx_pairs[0],
             queues=options.queues, pooled=options.pooled,
         )
+        # periodic workflows: ticked by long-running workers (not by drain/step)
+        self.scheduler = Scheduler(registry, [] if options.until_idle else options.workflows)
         self.tx_runner = TransactionalRunner(engine, registry, lease=options.lease,
                                              fast_mode=options.fast_mode, pooled=options.pooled)
         self.slots = (Slots(options.concurrency, engine, self.job_loop, self._on_done,
-                            pooled=options.pooled)
+                            lost=self.keeper.is_lost, pooled=options.pooled)
                       if options.concurrency > 1 else None)
         self.waker = options.waker or choose_waker(options.pooled, options.wakeup_url,
                                                    options.poll_interval, options.identifier)
@@ -142,6 +145,7 @@ class Worker:
                 self._connect()
                 assert self.conn is not None
                 self.keeper.register(self.conn)
+                self.scheduler.register(self.conn)
                 self.unknown.check(self.conn)
                 self.keeper.start()
                 self._loop()
@@ -205,6 +209,7 @@ class Worker:
                 self._connect()
                 assert self.conn is not None
                 self.keeper.beat_if_due(self.conn)
+                self.scheduler.tick_if_due(self.conn)
                 did = self._transactional_step() if self.tx_pairs[0] else 0
                 if self.lease_pairs[0] and not self._done():
                     did += self._fill_slots() if self.slots else self._lease_batch()
@@ -281,6 +286,8 @@ class Worker:
             self._misses = 0
             timeout = WAIT_CAP if ttnj is None else min(max(float(ttnj), 0.0), WAIT_CAP)
         timeout = min(timeout, self.keeper.seconds_to_beat(), self.waker.cap or WAIT_CAP)
+        if self.scheduler:
+            timeout = min(timeout, self.scheduler.seconds_to_tick())
         if timeout <= 0 or self.stop_requested:
             self.waker.not_waiting()
             return
@@ -344,7 +351,7 @@ class Worker:
     def _run_one(self, job: RunningJob, rest: list[RunningJob]) -> Outcome:
         wf = self.registry.workflows[job.workflow]
         assert self.conn is not None
-        ctx = _RunContext(job, db=self.conn)
+        ctx = _RunContext(job, db=self.conn, lost=self.keeper.is_lost)
         self.stopper.in_job = True
         future = None
         try:
@@ -373,7 +380,8 @@ class Worker:
         with self._count_lock:
             self.ran += 1
         if outcome.kind == "lost":
-            log.warning("%s: lease lost during the run (reaped, reset or resolved meanwhile): "
+            log.warning("%s: lease lost during the run (cancelled, reaped, reset or resolved "
+                        "meanwhile): "
                         "the run is abandoned", outcome.describe(), extra=job_fields(outcome))
             _metrics.lease_lost(job.workflow)
             self.keeper.release([job.id])

@@ -100,6 +100,9 @@ class AsyncJobQueue:
     reset = _forward(JobQueue.reset)
     force = _forward(JobQueue.force)
     reap = _forward(JobQueue.reap)
+    cancel = _forward(JobQueue.cancel)
+    set_queue_limits = _forward(JobQueue.set_queue_limits)
+    queue_limits = _forward(JobQueue.queue_limits)
 
     async def complete(self, job: Job, result: Any = None) -> None:
         """Record a checked-out job's result (in the caller's transaction); the job's

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from postjob_sa import _sql, _validate
 from postjob_sa._db import sqlstate
-from postjob_sa.errors import LEASE_LOST_STATE, ChildFailed, LeaseLost, NotInJob
+from postjob_sa.errors import LEASE_LOST_STATE, ChildFailed, JobCancelled, LeaseLost, NotInJob
 from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, Status
 
 _ChildKey = tuple[str, str]  # (workflow, canonical JSON of args)
@@ -123,9 +123,12 @@ class ChildHandle:
         return {"job_id": row["id"]}
 
     def result(self) -> Any:
-        """The child's result; raises ChildFailed if it failed or timed out; otherwise the
-        parent sleeps until the child ends and then re-runs from the top. Outside the run
-        that spawned the child it raises NotInJob."""
+        """The child's result; raises ChildFailed if it failed, timed out or was cancelled;
+        otherwise the parent sleeps until the child ends and then re-runs from the top. Outside
+        the run that spawned the child it raises NotInJob; once the parent is cancelled,
+        JobCancelled."""
+        self._in_run()
+        self._ctx.check_held()
         return _result_of(self._loaded())
 
     def __await__(self) -> Generator[Any, None, Any]:
@@ -133,6 +136,8 @@ class ChildHandle:
         return self._result_async().__await__()
 
     async def _result_async(self) -> Any:
+        self._in_run()
+        await self._ctx.check_held_async()
         return _result_of(await self._loaded_async())
 
 
@@ -172,8 +177,46 @@ class _RunContext:
     db: _Db | None = None
     session: Any = None
     adb: _AsyncDb | None = None
+    #: whether the worker's heartbeat found the job no longer this run's (by job id)
+    lost: Callable[[int], bool] | None = None
     _children: dict[_ChildKey, dict[str, Any]] | None = None
     pending: dict[_ChildKey, _ChildSpec] = field(default_factory=dict)
+
+    # -- whether the run still holds its job ---------------------------------------------------
+
+    def check_held(self) -> None:
+        """Raise as a refused write would once the heartbeat found the job taken from us."""
+        if self.lost is not None and self.lost(self.job.id):
+            raise self.lease_gone()
+
+    async def check_held_async(self) -> None:
+        if self.lost is not None and self.lost(self.job.id):
+            raise await self.lease_gone_async()
+
+    def lease_gone(self) -> BaseException:
+        """Why this run no longer holds its job: JobCancelled, or else LeaseLost. (On a
+        connection whose transaction a refused write aborted the status cannot be read: then
+        LeaseLost, which ends the run the same way.)"""
+        try:
+            assert self.db is not None
+            rows = self.db.rows(_sql.JOB_STATUS, {"job_id": self.job.id})
+        except Exception:
+            rows = []
+        return self._gone(rows)
+
+    async def lease_gone_async(self) -> BaseException:
+        if self.adb is None:
+            return await asyncio.to_thread(self.lease_gone)
+        try:
+            rows = await self.adb.rows(_sql.JOB_STATUS, {"job_id": self.job.id})
+        except Exception:
+            rows = []
+        return self._gone(rows)
+
+    def _gone(self, rows: list[dict[str, Any]]) -> BaseException:
+        if rows and rows[0]["status"] == Status.cancelled.value:
+            return JobCancelled(self.job.id)
+        return LeaseLost(self.job.id)
 
     # -- one sync and one async path to the database -------------------------------------------
 
@@ -183,7 +226,7 @@ class _RunContext:
             return self.db.rows(sql, params)
         except Exception as exc:
             if sqlstate(exc) == LEASE_LOST_STATE:
-                raise LeaseLost(self.job.id) from None
+                raise self.lease_gone() from None
             raise
 
     async def query_async(self, sql: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -194,7 +237,7 @@ class _RunContext:
             return await self.adb.rows(sql, params)
         except Exception as exc:
             if sqlstate(exc) == LEASE_LOST_STATE:
-                raise LeaseLost(self.job.id) from None
+                raise await self.lease_gone_async() from None
             raise
 
     # -- children ------------------------------------------------------------------------------
@@ -299,6 +342,7 @@ def spawn_child(
 ) -> ChildHandle:
     """Find or create the running job's child for (workflow, args)."""
     ctx = _context()
+    ctx.check_held()
     args_json = _validate.args_json(args)
     spec = _ChildSpec(
         workflow=_validate.name(workflow, "workflow"),
@@ -322,11 +366,12 @@ def manual(label: str, *args: Any, timeout: float | None = None) -> ChildHandle:
 
 
 def set_workflow_status(status: str) -> None:
-    """Record a progress note for the running job (shown by ``postjob ps``)."""
+    """Record a progress note for the running job (shown by ``postjob ps``); raises
+    JobCancelled once the job is cancelled (call it in long loops to stop early)."""
     ctx = _context()
     rows = ctx.query(_sql.WORKFLOW_STATUS_SET, _status_params(ctx, status))
     if not rows[0]["accepted"]:
-        raise LeaseLost(ctx.job.id)
+        raise ctx.lease_gone()
 
 
 async def set_workflow_status_async(status: str) -> None:
@@ -334,7 +379,7 @@ async def set_workflow_status_async(status: str) -> None:
     ctx = _context()
     rows = await ctx.query_async(_sql.WORKFLOW_STATUS_SET, _status_params(ctx, status))
     if not rows[0]["accepted"]:
-        raise LeaseLost(ctx.job.id)
+        raise await ctx.lease_gone_async()
 
 
 def _status_params(ctx: _RunContext, status: str) -> dict[str, Any]:

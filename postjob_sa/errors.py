@@ -47,6 +47,22 @@ class LeaseLost(BaseException):
         self.job_id = job_id
 
 
+class JobCancelled(PostjobError):
+    """The running job was cancelled (``JobQueue.cancel``, ``postjob job cancel``).
+
+    Raised in the workflow by its next ``spawn``, ``result``, ``set_workflow_status`` or after
+    its worker's heartbeat learnt it. An Exception: a workflow may catch it to clean up. The
+    job is ``cancelled`` already; whatever the run does next is not recorded.
+    """
+
+    def __init__(self, job_id: int):
+        super().__init__(f"job {job_id} was cancelled")
+        self.job_id = job_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (JobCancelled, (self.job_id,))
+
+
 class NonRecoverable(Exception):
     """Raise from a workflow to fail its job at once, without retries."""
 

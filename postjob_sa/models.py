@@ -13,6 +13,8 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
+    CheckConstraint,
     DateTime,
     Double,
     Enum,
@@ -35,7 +37,7 @@ MANUAL_WORKFLOW = "__manual__"
 
 
 class Status(enum.StrEnum):
-    """The states of a job. ``ok``, ``failed`` and ``timeout`` are final."""
+    """The states of a job. ``ok``, ``failed``, ``timeout`` and ``cancelled`` are final."""
 
     ready = "ready"
     processing = "processing"
@@ -44,13 +46,14 @@ class Status(enum.StrEnum):
     err = "err"
     timeout = "timeout"
     ok = "ok"
+    cancelled = "cancelled"
 
     @property
     def is_final(self) -> bool:
-        return self in (Status.ok, Status.failed, Status.timeout)
+        return self in FINAL_STATUSES
 
 
-FINAL_STATUSES = frozenset({Status.ok, Status.failed, Status.timeout})
+FINAL_STATUSES = frozenset({Status.ok, Status.failed, Status.timeout, Status.cancelled})
 
 metadata = MetaData(schema=SCHEMA)
 
@@ -123,15 +126,37 @@ class Job(Base):
     lease_token: Mapped[int | None] = mapped_column(BigInteger)
     #: the worker (``postjob.workers``) running the job, while it is processing
     worker_id: Mapped[int | None] = mapped_column(BigInteger)
+    #: checkout takes higher priorities first, then the earliest due
+    priority: Mapped[int] = mapped_column(Integer, server_default="0", nullable=False)
+    #: while a job holding this key is unfinished, enqueuing the key again returns that job
+    unique_key: Mapped[str | None] = mapped_column(String)
 
     __table_args__ = (
-        # checkout: runnable jobs of one (workflow, version) in due order
+        # checkout: runnable jobs of one (workflow, version), by queue and priority, in due order
         Index(
-            "postjobs_runnable_by_workflow_idx",
+            "postjobs_runnable_by_group_idx",
             "workflow",
             "workflow_version",
+            "priority",
+            "queue",
             "next_run_at",
+            "id",
             postgresql_where=text("status IN ('ready', 'err')"),
+        ),
+        # one unfinished job per unique key
+        Index(
+            "postjobs_unique_key_idx",
+            "unique_key",
+            unique=True,
+            postgresql_where=text(
+                "unique_key IS NOT NULL AND status IN ('ready', 'processing', 'sleep', 'err')"
+            ),
+        ),
+        # per-queue concurrency limits: the processing jobs of a queue
+        Index(
+            "postjobs_processing_by_queue_idx",
+            "queue",
+            postgresql_where=text("status = 'processing'"),
         ),
         # reaping timeouts
         Index(
@@ -253,3 +278,65 @@ class Worker(Base):
     queues: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
 
     __table_args__ = ({"schema": SCHEMA},)
+
+
+class QueueLimit(Base):
+    """Limits of one queue, obeyed by every worker's checkout: a row of ``postjob.queue_limits``.
+
+    ``concurrency``: at most this many of its jobs processing at once; ``rate``: at most this
+    many starts in any ``period`` seconds. None: no such limit. Set them with
+    ``JobQueue.set_queue_limits`` or ``postjob queue limit``.
+    """
+
+    __tablename__ = "queue_limits"
+
+    queue: Mapped[str] = mapped_column(String, primary_key=True)
+    concurrency: Mapped[int | None] = mapped_column(Integer)
+    rate: Mapped[int | None] = mapped_column(Integer)
+    period: Mapped[float] = mapped_column(Double, server_default="1", nullable=False)
+    #: the starts of the last period, by slot of period/20 seconds (checkout keeps them)
+    rate_slots: Mapped[list[int]] = mapped_column(
+        ARRAY(BigInteger), server_default=text("'{}'::bigint[]"), nullable=False
+    )
+    rate_counts: Mapped[list[int]] = mapped_column(
+        ARRAY(Integer), server_default=text("'{}'::integer[]"), nullable=False
+    )
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+
+    __table_args__ = (
+        CheckConstraint("concurrency IS NULL OR concurrency >= 0",
+                        name="queue_limits_concurrency_range"),
+        CheckConstraint("rate IS NULL OR rate >= 0", name="queue_limits_rate_range"),
+        CheckConstraint("period > 0", name="queue_limits_period_positive"),
+        {"schema": SCHEMA},
+    )
+
+
+class Schedule(Base):
+    """A periodic workflow (``@workflow(cron=...)`` or ``@workflow(every=...)``) as the workers
+    registered it: a row of ``postjob.schedules``, with its last and next tick."""
+
+    __tablename__ = "schedules"
+
+    #: the workflow's name
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    cron: Mapped[str | None] = mapped_column(String)
+    timezone: Mapped[str | None] = mapped_column(String)
+    every: Mapped[float | None] = mapped_column(Double)
+    skip_missed: Mapped[bool] = mapped_column(Boolean, server_default=text("false"), nullable=False)
+    #: the last tick handled (its job enqueued, or skipped)
+    last_tick_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    next_tick_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: the last tick that enqueued a job, and that job
+    last_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_job_id: Mapped[int | None] = mapped_column(BigInteger)
+    registered_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+
+    __table_args__ = (
+        CheckConstraint("(cron IS NULL) <> (every IS NULL)", name="schedules_cron_or_every"),
+        {"schema": SCHEMA},
+    )

@@ -16,19 +16,21 @@ from typing import Any
 from sqlalchemy import URL, Connection, Engine, select
 from sqlalchemy.orm import Session, make_transient_to_detached
 
-from postjob_sa import _metrics, _sql, _validate
+from postjob_sa import _limits, _metrics, _sql, _validate
 from postjob_sa._db import check_driver, worker_identifier
 from postjob_sa._executor import MAX_MESSAGE_CHARS, Outcome, error_name, finish_params
 from postjob_sa._migrations import schema_checked
 from postjob_sa._wakeup import wakeup_url_of
 from postjob_sa._worker import Worker, WorkerOptions
 from postjob_sa.errors import InvalidArgument, InvalidJobState, JobNotFound
-from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, Job, Status
+from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, Job, QueueLimit, Status
 from postjob_sa.registry import Registry, Workflow, default_registry
 
 DEFAULT_LEASE = 60.0
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_QUEUE = "q"
+#: An enqueue with a unique key inserts again when the key's holder finished meanwhile.
+ENQUEUE_TRIES = 5
 
 
 def _workflow_name(workflow: Workflow[Any, Any] | str) -> tuple[str, Workflow[Any, Any] | None]:
@@ -164,45 +166,66 @@ class JobQueue:
         timeout: float | None = None,
         version: str | None = None,
         run_at: datetime | None = None,
+        priority: int = 0,
+        unique_key: str | None = None,
     ) -> Job:
         """Add a job to the caller's transaction (flushed, not committed) and return it.
 
-        With ``parent_id``, a child that this parent already has (same workflow and args) is
-        returned instead of a second one, as ``spawn`` does."""
+        Checkout takes higher ``priority`` first (then the earliest due). While an unfinished
+        job holds ``unique_key``, that job is returned instead of a new one (race-free: a
+        unique index decides). With ``parent_id``, a child that this parent already has (same
+        workflow and args) is returned instead of a second one, as ``spawn`` does."""
         self._checked_engine()  # a driver of ours (InvalidArgument) before anything is written
         name, wf = _workflow_name(workflow_or_name)
         args_json = _validate.args_json(args)
         opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
+        params = {
+            "workflow": name, "args": args_json, "queue": opts["queue"],
+            "max_attempts": opts["max_attempts"], "timeout": opts["timeout"],
+            "version": opts["workflow_version"], "tags": opts["tags"],
+            "parent_id": parent_id, "run_at": opts["run_at"],
+            "priority": _validate.priority(priority),
+            "unique_key": None if unique_key is None else _validate.name(unique_key, "unique_key"),
+        }
         if parent_id is not None:
             self._require_job(_validate.job_id(parent_id))
         conn = self.session.connection()
-        row = conn.execute(
-            _sql.JOB_ENQUEUE,
-            {
-                "workflow": name, "args": args_json, "queue": opts["queue"],
-                "max_attempts": opts["max_attempts"], "timeout": opts["timeout"],
-                "version": opts["workflow_version"], "tags": opts["tags"],
-                "parent_id": parent_id, "run_at": opts["run_at"],
-            },
-        ).first()
-        if row is None:  # this parent has this child already: it is returned, as spawn does
-            existing = conn.execute(
-                _sql.JOB_CHILD_BY_KEY, {"parent_id": parent_id, "workflow": name, "args": args_json}
-            ).scalar_one()
-            found = self.session.get(Job, existing)
-            assert found is not None
-            return found
+        for _ in range(ENQUEUE_TRIES):
+            row = conn.execute(_sql.JOB_ENQUEUE, params).first()
+            if row is not None:
+                break
+            existing = self._existing(params)
+            if existing is not None:  # the holder of the key, or this parent's child
+                found = self.session.get(Job, existing)
+                assert found is not None
+                return found
+            # the holder of the key finished between the two statements: insert again
+        else:
+            raise InvalidJobState(f"unique key {unique_key!r} is taken and released too often")
         # A persistent Job without another query: what the caller is likely to read is set,
         # the rest (timestamps, ...) loads on first access.
         job = Job(
             id=row.id, parent_id=parent_id, root_id=row.root_id, full_id=row.full_id,
             workflow=name, args=json.loads(args_json), queue=opts["queue"], status=Status.ready,
             workflow_version=opts["workflow_version"], max_attempts=opts["max_attempts"],
+            priority=params["priority"], unique_key=params["unique_key"],
         )
         make_transient_to_detached(job)
         self.session.add(job)
         _metrics.enqueued(name, opts["queue"])
         return job
+
+    def _existing(self, params: dict[str, Any]) -> int | None:
+        conn = self.session.connection()
+        if params["unique_key"] is not None:
+            holder = conn.execute(_sql.JOB_BY_UNIQUE_KEY, params).scalar()
+            if holder is not None:
+                return int(holder)
+        if params["parent_id"] is not None:
+            child = conn.execute(_sql.JOB_CHILD_BY_KEY, params).scalar()
+            if child is not None:
+                return int(child)
+        return None
 
     @schema_checked
     def enqueue_many(
@@ -216,6 +239,7 @@ class JobQueue:
         timeout: float | None = None,
         version: str | None = None,
         run_at: datetime | None = None,
+        priority: int = 0,
     ) -> list[int]:
         """Add one root job per args list in one statement; return their ids in order."""
         self._checked_engine()  # a driver of ours (InvalidArgument) before anything is written
@@ -235,6 +259,7 @@ class JobQueue:
                 "version": opts["workflow_version"],
                 "tags": opts["tags"],
                 "run_at": opts["run_at"],
+                "priority": _validate.priority(priority),
             },
         )
         ids = [r[0] for r in rows]
@@ -397,6 +422,37 @@ class JobQueue:
             )
         ids_reset = self.session.execute(_sql.JOBS_RESET, {"ids": checked}).scalar_one()
         return list(ids_reset)
+
+    @schema_checked
+    def cancel(self, job_id: int) -> list[int]:
+        """Cancel a job and its unfinished descendants: status ``cancelled`` (final) at once.
+
+        A running job is told at its next spawn, result, ``set_workflow_status`` or heartbeat
+        (``JobCancelled`` is raised in it) and its outcome is not recorded; a parent waiting
+        for a cancelled child sees ``ChildFailed``. Returns the ids cancelled (the job first).
+        A finished job is refused (InvalidJobState)."""
+        status = self._require_job(_validate.job_id(job_id))
+        if Status(status) in FINAL_STATUSES:
+            raise InvalidJobState(f"job {job_id} is already {status}: only unfinished jobs can be cancelled")
+        ids = list(self.session.execute(_sql.JOBS_CANCEL, {"ids": [job_id]}).scalar_one())
+        if job_id not in ids:  # it finished between the two statements
+            raise InvalidJobState(f"job {job_id} finished before it could be cancelled")
+        return [job_id, *(i for i in ids if i != job_id)]
+
+    @schema_checked
+    def set_queue_limits(self, queue: str, *, concurrency: int | None = None,
+                         rate: int | None = None, period: float = 1.0) -> None:
+        """Limit a queue for every worker: at most ``concurrency`` of its jobs processing at
+        once, at most ``rate`` starts in any ``period`` seconds (None: no such limit; both
+        None: the queue is unlimited again). Takes effect at the next checkout."""
+        _limits.set_limits(self.session, _validate.name(queue, "queue"),
+                           _validate.count(concurrency, "concurrency"),
+                           _validate.count(rate, "rate"), _validate.seconds(period, "period"))
+
+    @schema_checked
+    def queue_limits(self) -> list[QueueLimit]:
+        """The limited queues, by name."""
+        return _limits.list_limits(self.session)
 
     @schema_checked
     def force(self, job_id: int) -> None:

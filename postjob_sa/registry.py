@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from postjob_sa import _validate
+from postjob_sa._scheduler import ScheduleSpec
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.models import MANUAL_WORKFLOW
 
@@ -33,6 +34,8 @@ class Workflow(Generic[P, R]):
     timeout: float | None = None
     queue: str | None = None
     transactional: bool = False
+    #: when it runs by itself (``cron=`` or ``every=``), or None
+    schedule: ScheduleSpec | None = None
 
     def __post_init__(self) -> None:
         functools.update_wrapper(self, self.fn)
@@ -166,6 +169,10 @@ def workflow(
     queue: str | None = None,
     transactional: bool = False,
     registry: Registry | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    every: float | None = None,
+    skip_missed: bool = False,
 ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
 
 
@@ -180,6 +187,10 @@ def workflow(
     queue: str | None = None,
     transactional: bool = False,
     registry: Registry | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    every: float | None = None,
+    skip_missed: bool = False,
 ) -> Any:
     """Register a function as a workflow; its job's args are passed positionally.
 
@@ -187,7 +198,13 @@ def workflow(
     ``max_attempts``, ``timeout`` (seconds, whole-lifetime deadline) and ``queue`` are the
     defaults for its jobs; with ``transactional=True`` the function receives the worker's
     Session first and its writes commit together with the job's completion.
+
+    A periodic workflow (called without args): ``cron="m h dom mon dow"`` in ``timezone``
+    (an IANA name, default UTC), or ``every=seconds``; running workers enqueue one job per tick
+    between them. After downtime the most recent missed tick runs once; with
+    ``skip_missed=True`` a tick runs only if it is claimed on time (see docs/features.md).
     """
+    spec = ScheduleSpec.build(cron, timezone, every, skip_missed)
 
     def register(f: Callable[..., Any], _depth: int = 2) -> Workflow[Any, Any]:
         wf_name = name if name is not None else f"{f.__module__}.{f.__qualname__}"
@@ -203,6 +220,7 @@ def workflow(
             timeout=_validate.seconds(timeout, "timeout"),
             queue=None if queue is None else _validate.name(queue, "queue"),
             transactional=transactional,
+            schedule=spec,
         )
         (registry or default_registry).add(wf)
         return wf

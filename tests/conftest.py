@@ -131,7 +131,8 @@ def engine(db_url: URL) -> Iterator[Engine]:
 @pytest.fixture
 def clean(engine: Engine) -> None:
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE postjob.postjobs, postjob.tokens, postjob.workers RESTART IDENTITY CASCADE"))
+        conn.execute(text("TRUNCATE postjob.postjobs, postjob.tokens, postjob.workers, "
+                          "postjob.queue_limits, postjob.schedules RESTART IDENTITY CASCADE"))
 
 
 @pytest.fixture

@@ -99,27 +99,11 @@ def test_functions_work_without_postjob_on_the_search_path(engine: Engine, clean
         assert conn.execute(text("SELECT postjob.reap_v2()")).scalar() == 0
 
 
-#: The candidate scan of postjob.checkout_v2, as the function runs it (a generic plan).
-CANDIDATES = """
-PREPARE candidates (text[], text[], text[], integer) AS
-SELECT c.id
-FROM postjob._runnable_keys($1, $2) k
-CROSS JOIN LATERAL (
-  SELECT s.id, s.next_run_at FROM postjob.postjobs s
-  WHERE s.workflow = k.workflow AND s.workflow_version = k.workflow_version
-    AND s.status IN ('ready', 'err') AND s.next_run_at <= statement_timestamp()
-    AND (s.timing_out_at IS NULL OR s.timing_out_at > statement_timestamp())
-    AND ($3 IS NULL OR s.queue = ANY ($3))
-  ORDER BY s.next_run_at
-  LIMIT $4) c
-ORDER BY c.next_run_at
-LIMIT $4
-"""
-
-
 def test_checkout_walks_only_the_jobs_it_can_run(server_url: URL, template_db: str) -> None:
-    """100,000 finished jobs, 100,000 waiting manual steps and 100,000 due jobs of a workflow
-    this worker does not run: the scan reads the runnable index by (workflow, version) only."""
+    """100,000 finished jobs, 100,000 waiting manual steps, 100,000 due jobs of a workflow this
+    worker does not run, 100,000 jobs of its own workflow scheduled for tomorrow at a higher
+    priority and 100,000 due in a queue it may not take from: the scan probes the runnable
+    index by (workflow, version, priority, queue) groups and walks past none of them."""
     url = create_clone(server_url, template_db, "explain_100k")
     eng = create_engine(url)
     try:
@@ -138,27 +122,47 @@ def test_checkout_walks_only_the_jobs_it_can_run(server_url: URL, template_db: s
                 "SELECT 'other', now() - interval '1 hour' FROM generate_series(1, 100000)"
             ))
             conn.execute(text(
-                "INSERT INTO postjob.postjobs (workflow) SELECT 'w' FROM generate_series(1, 100)"
+                "INSERT INTO postjob.postjobs (workflow, priority, next_run_at) "
+                "SELECT 'w', 10, now() + interval '1 day' FROM generate_series(1, 100000)"
+            ))
+            conn.execute(text(
+                "INSERT INTO postjob.postjobs (workflow, queue, next_run_at) "
+                "SELECT 'w', 'blocked', now() - interval '1 hour' FROM generate_series(1, 100000)"
+            ))
+            conn.execute(text(
+                "INSERT INTO postjob.postjobs (workflow, priority) "
+                "SELECT 'w', i % 3 FROM generate_series(1, 100) i"
             ))
         with eng.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("VACUUM ANALYZE postjob.postjobs"))
         with eng.begin() as conn:
+            # as inside checkout_v2: the cached (generic) plans
             conn.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
-            conn.execute(text(CANDIDATES))
-            plan = "\n".join(r[0] for r in conn.execute(text(
-                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "
-                "EXECUTE candidates(ARRAY['w'], ARRAY[''], NULL, 10)"
-            )))
-            assert "Index Scan using postjobs_runnable_by_workflow_idx" in plan, plan
-            cond = next(line for line in plan.splitlines() if "Index Cond" in line)
-            assert "(workflow)::text =" in cond and "(workflow_version)::text =" in cond, plan
-            assert "next_run_at <=" in cond, plan
-            assert "Seq Scan on postjobs" not in plan, plan
-            assert "Rows Removed by Filter" not in plan, plan  # nothing walked past
             rows = conn.execute(text(
-                "SELECT id FROM postjob.checkout_v2(NULL, NULL, ARRAY['w'], ARRAY[''], NULL, 10, 60)"
+                "SELECT id, queue, priority FROM postjob._due_jobs(ARRAY['w'], ARRAY[''], NULL, "
+                "100, ARRAY['blocked'], '{}', '{}')")).all()
+            assert [r.priority for r in rows] == [2] * 33 + [1] * 34 + [0] * 33
+            assert {r.queue for r in rows} == {"q"}
+            # what the scan read, in this transaction: entries of the runnable index only (a
+            # probe per priority level and per queue in it, and the hundred jobs), no scan of
+            # the table or of another index
+            read = conn.execute(text(
+                "SELECT c.relname AS indexrelname, "
+                "pg_stat_get_xact_tuples_returned(c.oid) AS idx_tup_read "
+                "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = 'postjob' AND c.relkind = 'i' "
+                "AND pg_stat_get_xact_tuples_returned(c.oid) > 0")).all()
+            assert [r.indexrelname for r in read] == ["postjobs_runnable_by_group_idx"], read
+            assert read[0].idx_tup_read <= 115, read
+            seq = conn.execute(text(
+                "SELECT seq_scan FROM pg_stat_xact_user_tables "
+                "WHERE schemaname = 'postjob' AND relname = 'postjobs'")).scalar_one()
+            assert seq == 0
+            rows = conn.execute(text(
+                "SELECT j.id, j.priority FROM postjob.checkout_v2(NULL, NULL, ARRAY['w'], "
+                "ARRAY[''], ARRAY['q'], 40, 60) c JOIN postjob.postjobs j ON j.id = c.id"
             )).all()
-            assert len(rows) == 10
+            assert sorted((r.priority for r in rows), reverse=True) == [2] * 33 + [1] * 7
     finally:
         eng.dispose()
         drop_database(server_url, url)

@@ -36,11 +36,13 @@ def cli(ctx: click.Context, database_url: str | None, verbose: int) -> None:
 
 
 def _register() -> None:
-    from . import db, demo, job, ps, run, web
+    from . import db, demo, job, ps, queue, run, web
 
     cli.add_command(db.db)
     cli.add_command(job.job)
     cli.add_command(ps.ps)
+    cli.add_command(queue.queue)
+    cli.add_command(queue.schedules)
     cli.add_command(run.run)
     cli.add_command(run.reap)
     cli.add_command(demo.demo)

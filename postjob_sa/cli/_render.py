@@ -21,7 +21,7 @@ from postjob_sa.models import MANUAL_WORKFLOW, Job
 
 STATUS_STYLES = {
     "ok": "green", "failed": "bold red", "timeout": "red", "err": "yellow",
-    "processing": "cyan", "sleep": "blue", "ready": "",
+    "processing": "cyan", "sleep": "blue", "ready": "", "cancelled": "magenta",
 }
 #: How ps shows a manual step that waits (its status is ready): a person finishes it.
 AWAITS_TOKEN = "awaits token"

@@ -100,7 +100,7 @@ ROLE_GRANTS = text(
     "SELECT format('%I', CAST(:role AS text)) AS role, ARRAY["
     "format('GRANT USAGE ON SCHEMA postjob TO %I', CAST(:role AS text)), "
     "format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.postjobs, postjob.tokens, "
-    "postjob.workers TO %I', CAST(:role AS text)), "
+    "postjob.workers, postjob.queue_limits, postjob.schedules TO %I', CAST(:role AS text)), "
     "format('GRANT USAGE ON SEQUENCE postjob.postjobs_id_seq, postjob.tokens_id_seq, "
     "postjob.workers_id_seq, postjob.lease_tokens TO %I', CAST(:role AS text)), "
     "format('GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA postjob TO %I', CAST(:role AS text))"

@@ -1,4 +1,4 @@
-"""``postjob job``: enqueue, reset, force, resolve and prune jobs."""
+"""``postjob job``: enqueue, reset, cancel, force, resolve and prune jobs."""
 
 from __future__ import annotations
 
@@ -44,6 +44,10 @@ def job() -> None:
 @click.option("--timeout", metavar="DURATION", help="Deadline, e.g. 90s, 10m, 2h.")
 @click.option("--run-at", metavar="ISO-8601", help="Not before this time (local unless an offset is given).")
 @click.option("--workflow-version", "version", help="The workflow version the job needs.")
+@click.option("--priority", type=int, default=0, show_default=True,
+              help="Higher runs first (among due jobs).")
+@click.option("--unique-key", metavar="KEY",
+              help="While an unfinished job holds KEY, print its id instead of adding one.")
 @click.option("--import", "modules", multiple=True, metavar="MODULE",
               help="Import a workflow module first: the workflow must exist, and its own defaults "
               "(queue, max attempts, timeout) apply. Without it they are not known here.")
@@ -51,7 +55,7 @@ def job() -> None:
 def job_enqueue(
     app: App, workflow: str, args: tuple[str, ...], queue: str | None, tags: str | None,
     max_attempts: int | None, timeout: str | None, run_at: str | None, version: str | None,
-    modules: tuple[str, ...],
+    priority: int, unique_key: str | None, modules: tuple[str, ...],
 ) -> None:
     """Enqueue a root job of WORKFLOW; each ARG is JSON (quote strings: '"text"').
     Prints the new job's id.
@@ -73,7 +77,8 @@ def job_enqueue(
     with app.session() as session:
         new = JobQueue(session).enqueue(
             target, *values, queue=queue, tags=parsed_tags, max_attempts=max_attempts,
-            timeout=seconds, version=version, run_at=when,
+            timeout=seconds, version=version, run_at=when, priority=priority,
+            unique_key=unique_key,
         )
         session.commit()
         click.echo(new.id)
@@ -103,6 +108,19 @@ def job_reset(app: App, ids: tuple[str, ...]) -> None:
         done = JobQueue(session).reset(*job_ids)
         session.commit()
     click.echo(f"reset {len(done)} job(s): {', '.join(map(str, done))}")
+
+
+@job.command("cancel")
+@click.argument("id")
+@click.pass_obj
+def job_cancel(app: App, id: str) -> None:
+    """Cancel an unfinished job and its unfinished descendants (status cancelled; a running
+    job is told at its next spawn, result, status note or heartbeat)."""
+    job_id = _parse.job_id(id)
+    with app.session() as session:
+        done = JobQueue(session).cancel(job_id)
+        session.commit()
+    click.echo(f"cancelled {len(done)} job(s): {', '.join(map(str, done))}")
 
 
 @job.command("force")
@@ -138,7 +156,7 @@ def job_resolve(app: App, token: str, result: str | None, error: str | None) -> 
 @job.command("prune")
 @click.option("--older-than", required=True, metavar="DURATION",
               help="Only trees whose root finished longer ago than this (30d, 12h, 90m, 45s).")
-@click.option("--status", "statuses", metavar="S,…", help="Root statuses to prune (default ok,failed,timeout).")
+@click.option("--status", "statuses", metavar="S,…", help="Root statuses to prune (default ok,failed,timeout,cancelled).")
 @click.option("--batch", type=int, default=DEFAULT_PRUNE_BATCH, show_default=True,
               help="Trees deleted per transaction.")
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")

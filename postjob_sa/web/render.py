@@ -16,7 +16,7 @@ JSON_LIMIT = 64_000
 
 STATUS_LABELS = {
     "ready": "ready", "processing": "processing", "sleep": "sleeping", "err": "retrying",
-    "failed": "failed", "timeout": "timed out", "ok": "ok",
+    "failed": "failed", "timeout": "timed out", "ok": "ok", "cancelled": "cancelled",
 }
 STATUS_ORDER = ("ready", "processing", "err", "sleep", "failed", "timeout", "ok")
 

@@ -27,8 +27,10 @@ SHOP = ROOT / "tests" / "shop" / "app"
 ADOPTION = "0ba0f0330356"
 #: ... the one `alembic revision --autogenerate` wrote next (orders.fulfil_job_id) ...
 FULFIL_JOB = "85a938654cea"
-#: ... and the one `postjob db revision` wrote when the shop upgraded postjob_sa (to the head)
+#: ... the one `postjob db revision` wrote when the shop upgraded postjob_sa (to pj0003) ...
 UPGRADE = "5c2d81e07a44"
+#: ... and the one it wrote at the next upgrade (pj0003 to pj0004, the head)
+UPGRADE_AGAIN = "4b5e394ca18a"
 BEFORE_ADOPTION = "shop0003"
 
 

@@ -190,6 +190,11 @@ BEGIN
 END;
 $$;
 
+"""
+
+# resolve reads the job's columns it needs, never the row type (pj0004 runs this again to
+# downgrade)
+RESOLVE_SQL = r"""
 CREATE OR REPLACE FUNCTION postjob.resolve(
   p_token uuid, p_result jsonb, p_error varchar DEFAULT NULL, p_message varchar DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
@@ -835,7 +840,7 @@ DROP FUNCTION IF EXISTS postjob.set_job_error(bigint, bigint, varchar, varchar, 
 
 def upgrade() -> None:
     # committed first, then a moment for calls that began on the old functions to end
-    own_transaction(SHAPES_SQL, then_wait=1.0)
+    own_transaction(SHAPES_SQL + RESOLVE_SQL, then_wait=1.0)
     index_step(INVALID_INDEX_DROP, INDEX_UP)
     op.execute(LOCK_TIMEOUT)
     for block in (WORKERS_SQL, REAP_SQL, CHECKOUT_SQL, FENCING_SQL, WAKEUPS_SQL, OPERATORS_SQL,

@@ -1,0 +1,156 @@
+"""Priorities and queue limits at work: checkout cost and drain throughput.
+
+    .venv/bin/python bench/features.py [--dsn-base postgresql://root@127.0.0.1:5432]
+        [--finished 1000000] [--jobs 20000] [--workers 2]
+
+On a database of its own (pjbench_features, recreated), with ``--finished`` finished jobs in
+the table throughout:
+
+* **checkout cost**: the median of single checkouts through the worker's prepared cycle (1 job,
+  and 100 jobs), on one autocommit connection; once with every job at priority 0, once with
+  priorities in use (ten levels, three queues, and 10,000 jobs scheduled for tomorrow at a
+  higher priority than every due one: the jobs a naive index would walk past);
+* **drain throughput**: ``--workers`` processes drain ``--jobs`` no-op jobs of the queue
+  ``free`` (batches of 100); once alone, once with 2,000 due jobs of a queue limited to 2
+  processing at once beside them (same workflow, due earlier). The figure is free jobs per
+  second, from the start until the last free job is ok.
+
+Compare the checkout figures with ``bench/micro.py`` on the commit before pj0004.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import pg
+
+DB = "pjbench_features"
+
+
+def _median_us(fn: Callable[[], object], n: int) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def _drain(url: str, start: multiprocessing.synchronize.Event) -> None:
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    import postjob_sa
+
+    postjob_sa.workflow(name="noop")(lambda *a: None)
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg2://", 1))
+    start.wait()
+    with Session(engine) as session:
+        postjob_sa.JobQueue(session, batch_size=100).work()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dsn-base", default="postgresql://root@127.0.0.1:5432")
+    parser.add_argument("--finished", type=int, default=1_000_000)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--workers", type=int, default=2)
+    opts = parser.parse_args()
+
+    import psycopg2
+
+    import postjob_sa
+    from postjob_sa import _sql
+    from postjob_sa._executor import finish_params
+
+    url = pg.fresh_database(opts.dsn_base, DB)
+    postjob_sa.migrate(url.replace("postgresql://", "postgresql+psycopg2://", 1))
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    cur = conn.cursor()
+    cur.execute(
+        "INSERT INTO postjob.postjobs (workflow, status, next_run_at, results) "
+        "SELECT 'noop', 'ok', NULL, '[null]' FROM generate_series(1, %s)", (opts.finished,))
+
+    def fill(ready: int, priorities: bool) -> None:
+        cur.execute("DELETE FROM postjob.postjobs WHERE status <> 'ok'")
+        if priorities:
+            cur.execute(
+                "INSERT INTO postjob.postjobs (workflow, args, priority, queue) "
+                "SELECT 'noop', jsonb_build_array(g), g %% 10, 'q' || (g %% 3) "
+                "FROM generate_series(1, %s) g", (ready,))
+            cur.execute(
+                "INSERT INTO postjob.postjobs (workflow, priority, next_run_at) "
+                "SELECT 'noop', 100, now() + interval '1 day' FROM generate_series(1, 10000)")
+        else:
+            cur.execute(
+                "INSERT INTO postjob.postjobs (workflow, args) "
+                "SELECT 'noop', jsonb_build_array(g) FROM generate_series(1, %s) g", (ready,))
+        cur.execute("VACUUM ANALYZE postjob.postjobs")
+
+    def checkout(limit: int) -> None:
+        params = finish_params([], False)
+        params.update(worker_id=None, identifier="bench", workflows=["noop"],
+                      workflow_versions=[""], queues=None, limit=limit, lease=60.0, reap=False)
+        cur.execute(_sql.WORKER_CYCLE, params)
+        cur.fetchall()
+
+    results: dict[str, float] = {}
+    for priorities in (False, True):
+        label = "priorities in use" if priorities else "priority 0 only"
+        fill(5000, priorities)
+        results[f"checkout 1 job, {label} (us)"] = _median_us(lambda: checkout(1), 2000)
+        fill(40000, priorities)
+        results[f"checkout 100 jobs, {label} (us)"] = _median_us(lambda: checkout(100), 200)
+
+    ctx = multiprocessing.get_context("spawn")
+    for beside in (False, True):
+        cur.execute("DELETE FROM postjob.postjobs WHERE status <> 'ok'")
+        cur.execute("DELETE FROM postjob.queue_limits")
+        if beside:
+            cur.execute("INSERT INTO postjob.queue_limits (queue, concurrency) VALUES ('limited', 2)")
+            cur.execute(
+                "INSERT INTO postjob.postjobs (workflow, queue, next_run_at) "
+                "SELECT 'noop', 'limited', now() - interval '1 minute' "
+                "FROM generate_series(1, 2000)")
+        cur.execute(
+            "INSERT INTO postjob.postjobs (workflow, queue, args) "
+            "SELECT 'noop', 'free', jsonb_build_array(g) FROM generate_series(1, %s) g",
+            (opts.jobs,))
+        cur.execute("VACUUM ANALYZE postjob.postjobs")
+        start = ctx.Event()
+        procs = [ctx.Process(target=_drain, args=(url, start)) for _ in range(opts.workers)]
+        for p in procs:
+            p.start()
+        time.sleep(2.0)  # imports and connections, untimed
+        t0 = time.perf_counter()
+        start.set()
+        while True:
+            cur.execute("SELECT count(*) FROM postjob.postjobs WHERE queue = 'free' "
+                        "AND status <> 'ok'")
+            if cur.fetchone()[0] == 0:  # type: ignore[index]
+                break
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - t0
+        for p in procs:
+            p.terminate()
+            p.join()
+        label = "with a limited queue beside" if beside else "alone"
+        results[f"drain of {opts.jobs} free jobs, {label} (jobs/s)"] = opts.jobs / elapsed
+    conn.close()
+    width = max(len(k) for k in results)
+    for key, value in results.items():
+        print(f"{key:<{width}}  {value:10.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

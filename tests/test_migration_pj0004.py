@@ -1,0 +1,101 @@
+"""Revision pj0004 on a live pj0003 database: the jobs in flight go on, the new features work,
+and the downgrade gives back pj0003 exactly (every function, index, column, constraint and
+enum label), cancelled jobs turned into failed ones."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import URL, Engine, create_engine, text
+from sqlalchemy.orm import Session
+
+import postjob_sa
+from tests.conftest import create_clone, drop_database
+
+CATALOG = text("""
+SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(pg_get_functiondef(p.oid))
+  FROM pg_proc p WHERE p.pronamespace = 'postjob'::regnamespace
+UNION ALL SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = 'postjob'
+UNION ALL SELECT 'column ' || table_name || '.' || column_name || ' ' || data_type || ' '
+                 || coalesce(column_default, '') || ' ' || is_nullable
+  FROM information_schema.columns WHERE table_schema = 'postjob'
+UNION ALL SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid)
+  FROM pg_constraint WHERE connamespace = 'postjob'::regnamespace
+UNION ALL SELECT 'enum ' || string_agg(enumlabel, ',' ORDER BY enumsortorder)
+  FROM pg_enum WHERE enumtypid = 'postjob.statuses'::regtype
+UNION ALL SELECT 'table ' || tablename FROM pg_tables WHERE schemaname = 'postjob'
+UNION ALL SELECT 'trigger ' || tgname || ' ' || pg_get_triggerdef(oid) FROM pg_trigger
+  WHERE tgrelid = 'postjob.postjobs'::regclass AND NOT tgisinternal
+ORDER BY 1
+""")
+
+
+@pytest.fixture
+def scratch(server_url: URL, template_db: str) -> Iterator[tuple[Engine, Engine]]:
+    urls = [create_clone(server_url, "template0", f"pj0004_{n}") for n in ("live", "fresh")]
+    engines = [create_engine(u) for u in urls]
+    yield engines[0], engines[1]
+    for eng, url in zip(engines, urls, strict=True):
+        eng.dispose()
+        drop_database(server_url, url)
+
+
+def _catalog(engine: Engine) -> list[str]:
+    with engine.connect() as conn:
+        return [r[0] for r in conn.execute(CATALOG)]
+
+
+def _status(conn: object, job_id: int) -> str:
+    return str(conn.execute(text("SELECT status::text FROM postjob.postjobs WHERE id = :i"),  # type: ignore[attr-defined]
+                            {"i": job_id}).scalar_one())
+
+
+def test_pj0004_upgrades_a_live_pj0003_database_and_downgrades_exactly(
+    scratch: tuple[Engine, Engine],
+) -> None:
+    live, fresh = scratch
+    postjob_sa.migrate(live, "pj0003")
+    postjob_sa.migrate(fresh, "pj0003")
+    pj0003 = _catalog(fresh)
+    with live.begin() as conn:  # work in flight: due jobs, a running one, a sleeping parent
+        conn.execute(text("INSERT INTO postjob.postjobs (workflow, args) "
+                          "SELECT 'w', jsonb_build_array(g) FROM generate_series(1, 5) g"))
+        running = conn.execute(text(
+            "SELECT id, lease_token FROM postjob.checkout_v2(NULL, 'old', ARRAY['w'], ARRAY[''], "
+            "NULL, 1, 60)")).one()
+        parent = conn.execute(text("INSERT INTO postjob.postjobs (workflow, status, next_run_at) "
+                                   "VALUES ('p', 'sleep', NULL) RETURNING id")).scalar_one()
+        child = conn.execute(text("INSERT INTO postjob.postjobs (workflow, parent_id) "
+                                  "VALUES ('__manual__', :p) RETURNING id"), {"p": parent}
+                             ).scalar_one()
+    postjob_sa.migrate(live)
+    with live.begin() as conn:
+        # the running job's outcome is still accepted under its lease
+        accepted = conn.execute(text(
+            "SELECT postjob.finish_jobs(ARRAY[:i]::bigint[], ARRAY[:t]::bigint[], ARRAY['ok'], "
+            "ARRAY['[1]'::jsonb], ARRAY[NULL], ARRAY[NULL], ARRAY[NULL::jsonb], ARRAY[''], "
+            "ARRAY[NULL::bigint])"), {"i": running.id, "t": running.lease_token}).scalar_one()
+        assert accepted == [running.id]
+        conn.execute(text("UPDATE postjob.postjobs SET priority = 9 WHERE args = '[5]'"))
+        first = conn.execute(text(
+            "SELECT args FROM postjob.checkout_v2(NULL, 'new', ARRAY['w'], ARRAY[''], NULL, 1, 60)"
+        )).scalar_one()
+        assert first == [5]  # the highest priority first
+    with Session(live) as session:
+        q = postjob_sa.JobQueue(session)
+        assert q.cancel(child) == [child]
+        session.commit()
+        assert q.enqueue("w", unique_key="k").id == q.enqueue("w", unique_key="k").id
+        session.commit()
+    with live.connect() as conn:
+        assert _status(conn, parent) == "ready"  # woken by its cancelled child
+    postjob_sa.downgrade(live, "pj0003")
+    with live.connect() as conn:
+        assert _status(conn, child) == "failed"
+        assert conn.execute(text("SELECT error FROM postjob.postjobs WHERE id = :i"),
+                            {"i": child}).scalar_one() == "Cancelled"
+    assert _catalog(live) == pj0003
+    postjob_sa.migrate(live)  # and up again
+    with live.connect() as conn:
+        assert conn.execute(text("SELECT postjob.schema_version()")).scalar_one() == "pj0004"
