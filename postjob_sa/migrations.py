@@ -47,15 +47,16 @@ def upgrade(to: str) -> None:
     (``"pj0001"``), never ``head``: your revision must mean the same schema after you upgrade
     postjob_sa. Raises :class:`~postjob_sa.InvalidArgument` for a revision this package does
     not have, :class:`~postjob_sa.SchemaError` if the schema is already newer than ``to``.
-    A schema that ``postjob db migrate`` installed is taken over: its version table goes
-    (even when it is newer than ``to``: the revisions of yours after this one get there).
+    A schema that ``postjob db migrate`` installed is taken over by the first revision of
+    yours that reaches it: its version table goes there; the revisions of yours before that
+    one find the schema further already and change nothing.
     """
     target = _index(to, "upgrade")
     ctx = _context("upgrade")
     start = _start(ctx)
     if start > target and not ctx.as_sql and _standalone_heads(op.get_bind()):
-        # taking over a schema `postjob db migrate` brought further already: it is yours now
-        op.execute(DROP_VERSION_TABLE_SQL)
+        # `postjob db migrate` brought the schema further than this revision of yours: a later
+        # one of yours reaches it and takes it over
         return
     if start > target:
         raise SchemaError(
