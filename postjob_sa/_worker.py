@@ -19,9 +19,10 @@ from typing import Any
 
 from sqlalchemy import URL, Engine
 
-from postjob_sa import _metrics, _sql
+from postjob_sa import _metrics
 from postjob_sa._db import Conn, Failure, close_quietly, failure, worker_identifier
 from postjob_sa._executor import Outcome, run_job, run_job_async
+from postjob_sa._idle import Idle
 from postjob_sa._keeper import Keeper
 from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
 from postjob_sa._recorder import Recorder, job_fields
@@ -36,16 +37,7 @@ from postjob_sa.registry import Registry
 
 log = logging.getLogger("postjob_sa.worker")
 
-#: The longest a worker sleeps without looking at the queue.
-WAIT_CAP = 30.0
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
-#: A busy worker's checkouts reap expired leases and deadlines at most this often; an idle
-#: one reaps before it waits, so the checkout after a wake-up does not pay for it.
-REAP_INTERVAL = 1.0
-#: How long an idle worker waits when a job is due that its checkout could not take (another
-#: transaction holds its row): the n-th such miss in a row waits the n-th delay (a NOTIFY still
-#: wakes it at once), so the worker never spins on a locked job.
-MISS_DELAYS = (0.0, 0.02, 0.1, 0.25, 0.5, 1.0)
 #: Deadlocks met by a checkout in a row before the worker gives up.
 TRANSIENT_LIMIT = 10
 
@@ -120,10 +112,8 @@ class Worker:
         self._count_lock = threading.Lock()
         self._job_loop: JobLoop | None = None
         self._interrupt: BaseException | None = None
-        self._last_reap = float("-inf")
-        self._busy = True  # the first checkout reaps
-        self._idle_reaped = False  # reaped since the last job ran (drain: then it is done)
-        self._misses = 0
+        self.idle = Idle(waker=self.waker, keeper=self.keeper, scheduler=self.scheduler,
+                         stopper=self.stopper, unknown=self.unknown, params=self._idle_params)
         self._backlog = False  # the last checkout filled every free slot
 
     @property
@@ -215,18 +205,17 @@ class Worker:
                     did += self._fill_slots() if self.slots else self._lease_batch()
                 failures = transient = 0
                 if did:
-                    self._misses = 0
-                    self._idle_reaped = False
+                    self.idle.worked()
                     continue
                 if self.opts.until_idle:
                     if self.slots is not None and self.slots.busy:
                         self._wait_for_slots(self.slots.capacity)  # their children may be due next
                         continue
-                    if self._idle_reaped:
+                    if self.idle.reaped:
                         return
-                    self._reap()
+                    self.idle.reap(self.conn)
                     continue
-                self._wait()
+                self.idle.wait(self.conn, can_take=self.slots is None or bool(self.slots.free))
             except WakeUp:
                 continue
             except Exception as exc:
@@ -255,49 +244,12 @@ class Worker:
         finally:
             self.stopper.waiting = False
 
-    # -- waiting -----------------------------------------------------------------------------
+    # -- what an idle worker asks for ------------------------------------------------------
 
     def _idle_params(self, reap: bool) -> dict[str, Any]:
         names, versions = self.lease_pairs[0] + self.tx_pairs[0], self.lease_pairs[1] + self.tx_pairs[1]
         return {"workflows": names, "workflow_versions": versions, "queues": self.opts.queues,
                 "reap": reap}
-
-    def _reap(self) -> None:
-        assert self.conn is not None
-        self.conn.scalar(_sql.WORKER_IDLE, self._idle_params(True))
-        self._last_reap = time.monotonic()
-        self._idle_reaped = True
-
-    def _wait(self) -> None:
-        assert self.conn is not None
-        self.unknown.check_if_due(self.conn)
-        now = time.monotonic()
-        reap = now - self._last_reap >= REAP_INTERVAL
-        if reap:
-            self._last_reap = now
-        self.waker.idle()  # first: a job that commits after the next statement wakes us
-        ttnj = self.conn.scalar(_sql.WORKER_IDLE, self._idle_params(reap))
-        if ttnj is not None and ttnj <= 0 and (self.slots is None or self.slots.free):
-            # due now, yet the checkout found nothing to take: its row is locked by another
-            # transaction (or it just became due); look again, less and less often
-            timeout = MISS_DELAYS[min(self._misses, len(MISS_DELAYS) - 1)]
-            self._misses += 1
-        else:
-            self._misses = 0
-            timeout = WAIT_CAP if ttnj is None else min(max(float(ttnj), 0.0), WAIT_CAP)
-        timeout = min(timeout, self.keeper.seconds_to_beat(), self.waker.cap or WAIT_CAP)
-        if self.scheduler:
-            timeout = min(timeout, self.scheduler.seconds_to_tick())
-        if timeout <= 0 or self.stop_requested:
-            self.waker.not_waiting()
-            return
-        self.stopper.waiting = True
-        try:
-            self.waker.wait(self.conn, timeout, self.stopper.wake_fd())
-        except WakeUp:
-            self.waker.not_waiting()
-        finally:
-            self.stopper.waiting = False
 
     # -- lease mode, one job at a time -------------------------------------------------------
 
@@ -309,11 +261,7 @@ class Worker:
     def _checkout(self, limit: int) -> list[RunningJob]:
         """Record the buffered outcomes and check out up to ``limit`` jobs: one round trip."""
         assert self.conn is not None
-        now = time.monotonic()
-        # a busy worker reaps now and then; after a wait (not busy) the wait just did
-        reap = self._busy and now - self._last_reap >= REAP_INTERVAL
-        if reap:
-            self._last_reap = now
+        reap = self.idle.reap_at_checkout()
         names, versions = self.lease_pairs
         checkout = {"workflows": names, "workflow_versions": versions,
                     "queues": self.opts.queues, "limit": limit, "reap": reap}
@@ -321,9 +269,7 @@ class Worker:
         rows = self.recorder.cycle(self.conn, outcomes, checkout, self.keeper.worker_id,
                                    self.opts.identifier)
         self.keeper.release(o.job_id for o in outcomes)
-        self._busy = bool(rows)
-        if not rows:
-            self._idle_reaped = self._idle_reaped or reap
+        self.idle.checked_out(bool(rows), reap)
         jobs = [RunningJob(**{f: r[f] for f in RunningJob._fields}) for r in rows]
         self.keeper.hold((j.id, j.lease_token) for j in jobs if j.lease_token is not None)
         self.started += len(jobs)

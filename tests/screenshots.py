@@ -65,6 +65,21 @@ def build(url: str) -> None:
         held = JobQueue(s).checkout(["web.noop"], limit=2)
         s.commit()
         assert held
+    # limits as `postjob queue limit` sets them, schedules as workers register them
+    with Session(engine) as s:
+        q = JobQueue(s)
+        q.set_queue_limits("mail", concurrency=2, rate=600, period=60)
+        q.set_queue_limits("reports", rate=10, period=3600)
+        s.execute(text(
+            "INSERT INTO postjob.schedules (name, cron, timezone, every, skip_missed, next_tick_at, "
+            "last_run_at, last_job_id) VALUES "
+            "('web.order', '0 3 * * *', 'Europe/Zurich', NULL, false, "
+            " date_trunc('day', now()) + interval '1 day 2 hours', "
+            " date_trunc('day', now()) + interval '2 hours', "
+            " (SELECT min(id) FROM postjob.postjobs WHERE workflow = 'web.order')), "
+            "('web.noop', NULL, NULL, 300, true, now() + interval '3 minutes', "
+            " now() - interval '2 minutes', (SELECT max(id) FROM postjob.postjobs WHERE workflow = 'web.noop'))"))
+        s.commit()
     engine.dispose()
 
 
@@ -101,6 +116,7 @@ def main() -> int:
                 ("jobs", "/jobs?queue=q", False),
                 ("tree", f"/jobs/{root}", True),
                 ("failed", f"/jobs/{failed}", True),
+                ("schedules", "/schedules", True),
             ]:
                 page.goto(served.url + path)
                 page.wait_for_timeout(300)

@@ -205,6 +205,53 @@ def test_reset_and_force(client: Client, seeded: Seeded, engine: Engine) -> None
     assert post(client, "/jobs/999999/reset").status_code == 404
 
 
+def test_cancel_a_tree_from_its_root(client: Client, seeded: Seeded, engine: Engine) -> None:
+    page = body(client.get(f"/jobs/{seeded.order}"))
+    assert f'action="/jobs/{seeded.order}/cancel"' in page  # the order sleeps: it can be cancelled
+    response = post(client, f"/jobs/{seeded.order}/cancel")
+    assert response.status_code == 303
+    assert response.headers["Location"].endswith(f"/jobs/{seeded.order}?done=cancelled")
+    assert "Cancelled: the job" in body(client.get(response.headers["Location"]))
+    # with its unfinished descendants (the manual step), through JobQueue.cancel
+    assert (status_of(engine, seeded.order), status_of(engine, seeded.manual)) == ("cancelled", "cancelled")
+    assert status_of(engine, seeded.labels[0]) == "ok"
+    finished = f"/jobs/{seeded.labels[0]}"
+    assert f'action="{finished}/cancel"' not in body(client.get(finished))
+    refused = post(client, finished + "/cancel")
+    assert refused.status_code == 409 and "only unfinished jobs can be cancelled" in body(refused)
+
+
+def test_schedules_and_limits_page(client: Client, engine: Engine, clean: None) -> None:
+    page = body(client.get("/schedules"))
+    assert "None: a workflow gets a schedule" in page and "No queue has limits" in page
+    with Session(engine) as s:
+        q = JobQueue(s)
+        q.set_queue_limits("mail", concurrency=1, rate=30, period=60)
+        q.set_queue_limits("<b>bulk</b>", rate=5)
+        last = q.enqueue(noop, "tick", queue="mail").id
+        q.enqueue(noop, "more", queue="mail")
+        s.execute(text(  # as workers register them (see test_schedules.py)
+            "INSERT INTO postjob.schedules (name, cron, timezone, next_tick_at, last_run_at, "
+            "last_job_id) VALUES ('reports.nightly', '0 3 * * *', 'Europe/Zurich', "
+            "now() + interval '1 hour', now(), :last)"), {"last": last})
+        s.execute(text("INSERT INTO postjob.schedules (name, every, skip_missed, next_tick_at) "
+                       "VALUES ('web.ping', 90, true, now())"))
+        s.commit()
+        assert [j.id for j in q.checkout(queues=["mail"])] == [last]
+        s.commit()  # the job is processing now, under a lease
+    page = body(client.get("/schedules"))
+    schedules = page[page.index('data-fragment="schedules"'):page.index('data-fragment="limits"')]
+    assert "<code>0 3 * * *</code> Europe/Zurich" in schedules and "every 1m30s" in schedules
+    assert f'href="/jobs/{last}">#{last}</a>' in schedules and "the latest runs once" in schedules
+    assert "skipped" in schedules
+    limits = page[page.index('data-fragment="limits"'):]
+    mail = limits[limits.index(">mail<"):limits.index("</tr>", limits.index(">mail<"))]
+    assert re.findall(r"<td[^>]*>([^<]*)<", mail)[:2] == ["1", "1"]  # processing 1 of at most 1
+    assert 'class="num full"' in mail and "30" in mail and "1m" in mail
+    assert "&lt;b&gt;bulk&lt;/b&gt;" in limits and "<b>bulk</b>" not in limits
+    assert 'aria-current="page">Schedules' in page
+
+
 def test_an_error_page_links_back_only_within_the_site(client: Client, seeded: Seeded) -> None:
     ok_job = f"/jobs/{seeded.labels[0]}"
     mine = post(client, ok_job + "/force", headers={"Referer": "http://localhost" + ok_job})
@@ -239,6 +286,9 @@ def test_read_only_refuses_every_action(engine: Engine, seeded: Seeded) -> None:
     refused = post(client, f"/jobs/{seeded.failed}/reset")
     assert refused.status_code == 403 and "the dashboard is read-only" in body(refused)
     assert status_of(engine, seeded.failed) == "failed"
+    assert "Cancel</button>" not in body(client.get(f"/jobs/{seeded.order}"))
+    assert post(client, f"/jobs/{seeded.order}/cancel").status_code == 403
+    assert status_of(engine, seeded.order) == "sleep"
 
 
 def test_with_a_token_actions_need_a_login_or_the_bearer(engine: Engine, seeded: Seeded) -> None:

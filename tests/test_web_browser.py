@@ -110,7 +110,8 @@ def drain_soon(engine: Engine, delay: float = 0.5) -> threading.Thread:
 
 
 def test_each_page_loads_without_errors(page: Any, site: Served, seeded: Seeded) -> None:
-    for path, heading in [("/", "Overview"), ("/jobs", "Jobs"), (f"/jobs/{seeded.order}", f"Job #{seeded.order}")]:
+    for path, heading in [("/", "Overview"), ("/jobs", "Jobs"), (f"/jobs/{seeded.order}", f"Job #{seeded.order}"),
+                          ("/schedules", "Schedules and limits")]:
         page.goto(site.url + path)
         assert heading in page.locator("h1").first.inner_text()
     page.wait_for_selector("#live-state.live")  # the script ran and a refresh came back
@@ -154,6 +155,16 @@ def test_reset_a_failed_job(page: Any, site: Served, seeded: Seeded, engine: Eng
     page.wait_for_url("**done=reset")
     assert page.locator('[data-fragment="job"] .badge').first.inner_text() == "ready"
     assert status_of(engine, seeded.failed) == "ready"
+
+
+def test_cancel_a_sleeping_tree(page: Any, site: Served, seeded: Seeded, engine: Engine) -> None:
+    page.goto(site.url + f"/jobs/{seeded.order}")
+    page.locator('[data-fragment="job"]').get_by_role("button", name="Cancel").click()
+    page.wait_for_url("**done=cancelled")
+    assert page.locator('[data-fragment="job"] .badge').first.inner_text() == "cancelled"
+    tree = page.locator('[data-fragment="tree"]')
+    assert tree.locator(".badge.st-cancelled").count() == 2  # the order and its manual step
+    assert status_of(engine, seeded.manual) == "cancelled"
 
 
 def test_an_action_without_the_token_is_refused(page: Any, locked_site: Served, seeded: Seeded, engine: Engine) -> None:

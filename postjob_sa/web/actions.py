@@ -15,6 +15,8 @@ from . import forms
 DONE = {
     "reset": "Reset: the job (and its failed descendants) will run again.",
     "force": "Forced: the job runs as soon as a worker is free.",
+    "cancelled": "Cancelled: the job and its unfinished descendants will not run; a run in "
+                 "progress is told at its next write and abandoned.",
     "resolved": "Resolved: the manual step is done and its parent wakes.",
     "failed": "Failed: the manual step failed with your message; its parent wakes.",
 }
@@ -32,6 +34,13 @@ def force(engine: Engine, job_id: int) -> str:
         JobQueue(session).force(job_id)
         session.commit()
     return "force"
+
+
+def cancel(engine: Engine, job_id: int) -> str:
+    with Session(engine) as session:
+        JobQueue(session).cancel(job_id)
+        session.commit()
+    return "cancelled"
 
 
 def resolve(engine: Engine, form: MultiDict[str, str]) -> tuple[int, str]:

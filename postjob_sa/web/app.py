@@ -48,6 +48,8 @@ URLS = Map(
         Rule(f"/jobs/<int(min=1, max={MAX_ID}):job_id>", endpoint="job"),
         Rule(f"/jobs/<int(min=1, max={MAX_ID}):job_id>/reset", endpoint="reset", methods=["POST"]),
         Rule(f"/jobs/<int(min=1, max={MAX_ID}):job_id>/force", endpoint="force", methods=["POST"]),
+        Rule(f"/jobs/<int(min=1, max={MAX_ID}):job_id>/cancel", endpoint="cancel", methods=["POST"]),
+        Rule("/schedules", endpoint="schedules"),
         Rule("/resolve", endpoint="resolve", methods=["POST"]),
         Rule("/login", endpoint="login", methods=["GET", "POST"]),
         Rule("/logout", endpoint="logout", methods=["POST"]),
@@ -170,6 +172,9 @@ class Dashboard:
     def on_job(self, request: Request, urls: MapAdapter, job_id: int) -> Response:
         return self._screen(request, urls, views.job, job_id)
 
+    def on_schedules(self, request: Request, urls: MapAdapter) -> Response:
+        return self._screen(request, urls, views.schedules)
+
     def on_static(self, request: Request, urls: MapAdapter, name: str) -> Response:
         asset = self.assets.get(name)
         if asset is None:
@@ -191,6 +196,10 @@ class Dashboard:
     def on_force(self, request: Request, urls: MapAdapter, job_id: int) -> Response:
         self.guard.require_action(request)
         return self._done(urls, job_id, actions.force(self.engine, job_id))
+
+    def on_cancel(self, request: Request, urls: MapAdapter, job_id: int) -> Response:
+        self.guard.require_action(request)
+        return self._done(urls, job_id, actions.cancel(self.engine, job_id))
 
     def on_resolve(self, request: Request, urls: MapAdapter) -> Response:
         self.guard.require_action(request)

@@ -12,8 +12,8 @@ What serves each statement at 1,000,000 jobs (bench/web.py measures it):
   matches nothing still reads at most :data:`LIST_WINDOW` rows per page;
 * a tree is its root (primary key) plus ``postjobs_tree_idx``.
 
-Later features (schedules, per-queue limits, priorities, a workers table) add their reads
-here.
+* schedules and queue limits are small tables of their own, read whole (the same statements
+  as ``postjob schedules`` and ``postjob queue list``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
+
+from postjob_sa import _sql
 
 #: ok jobs are counted exactly up to this many; beyond it the table's statistics estimate.
 OK_COUNT_CAP = 50_000
@@ -355,3 +357,14 @@ def job(conn: Connection, job_id: int) -> Row | None:
 
 def tree(conn: Connection, root_id: int) -> list[Row]:
     return _rows(conn, JOB_TREE, {"root": root_id, "limit": TREE_LIMIT + 1})
+
+
+# -- schedules and limits --------------------------------------------------------------------
+
+
+def schedules(conn: Connection) -> list[Row]:
+    return _rows(conn, _sql.SCHEDULES_LIST)
+
+
+def queue_limits(conn: Connection) -> list[Row]:
+    return _rows(conn, _sql.QUEUE_LIMITS_REPORT)

@@ -186,3 +186,17 @@ def job(conn: Connection, job_id: int) -> Screen:
             }),
         },
     )
+
+
+# -- schedules and limits --------------------------------------------------------------------
+
+
+def schedules(conn: Connection) -> Screen:
+    return Screen(
+        "schedules.html",
+        "Schedules and limits",
+        fragments={
+            "schedules": ("fragments/schedules.html", {"schedules": q.schedules(conn)}),
+            "limits": ("fragments/limits.html", {"limits": q.queue_limits(conn)}),
+        },
+    )
