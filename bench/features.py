@@ -15,7 +15,13 @@ the table throughout:
   processing at once beside them (same workflow, due earlier). The figure is free jobs per
   second, from the start until the last free job is ok.
 
-Compare the checkout figures with ``bench/micro.py`` on the commit before pj0004.
+``--part checkout`` or ``--part drain`` runs one half; ``--priority-zero-only`` leaves out what
+needs pj0004 (priorities in use, the limited queue), so the same script measures the code
+before pj0004 for comparison::
+
+    git worktree add /tmp/before-pj0004 4bb1493 && cp bench/features.py /tmp/before-pj0004/bench/
+    (cd /tmp/before-pj0004 && PYTHONPATH=. ../path/to/.venv/bin/python bench/features.py \
+        --priority-zero-only)
 """
 
 from __future__ import annotations
@@ -63,6 +69,9 @@ def main() -> int:
     parser.add_argument("--finished", type=int, default=1_000_000)
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--part", choices=("all", "checkout", "drain"), default="all")
+    parser.add_argument("--priority-zero-only", action="store_true",
+                        help="only what runs on the schema before pj0004 too")
     opts = parser.parse_args()
 
     import psycopg2
@@ -104,7 +113,9 @@ def main() -> int:
         cur.fetchall()
 
     results: dict[str, float] = {}
-    for priorities in (False, True):
+    for priorities in (False,) if opts.priority_zero_only else (False, True):
+        if opts.part == "drain":
+            break
         label = "priorities in use" if priorities else "priority 0 only"
         fill(5000, priorities)
         results[f"checkout 1 job, {label} (us)"] = _median_us(lambda: checkout(1), 2000)
@@ -112,9 +123,12 @@ def main() -> int:
         results[f"checkout 100 jobs, {label} (us)"] = _median_us(lambda: checkout(100), 200)
 
     ctx = multiprocessing.get_context("spawn")
-    for beside in (False, True):
+    for beside in (False,) if opts.priority_zero_only else (False, True):
+        if opts.part == "checkout":
+            break
         cur.execute("DELETE FROM postjob.postjobs WHERE status <> 'ok'")
-        cur.execute("DELETE FROM postjob.queue_limits")
+        if beside:
+            cur.execute("DELETE FROM postjob.queue_limits")
         if beside:
             cur.execute("INSERT INTO postjob.queue_limits (queue, concurrency) VALUES ('limited', 2)")
             cur.execute(
