@@ -99,6 +99,18 @@ def test_functions_work_without_postjob_on_the_search_path(engine: Engine, clean
         assert conn.execute(text("SELECT postjob.reap_v2()")).scalar() == 0
 
 
+def test_checkout_never_compiles_its_statements(engine: Engine) -> None:
+    """The checkout's generic plans are costed for any batch and pass jit_above_cost; with JIT
+    on (PostgreSQL's default) a checkout of 100 jobs spent 20 ms compiling and 1 ms running."""
+    with engine.connect() as conn:
+        settings = dict(conn.execute(text(
+            "SELECT p.proname, p.proconfig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'postjob' AND p.proname IN ('checkout_v2', '_due_jobs', '_lock_due_jobs')")).all())
+    assert set(settings) == {"checkout_v2", "_due_jobs", "_lock_due_jobs"}
+    for name, config in settings.items():
+        assert "jit=off" in (config or []), (name, config)
+
+
 def test_checkout_walks_only_the_jobs_it_can_run(server_url: URL, template_db: str) -> None:
     """100,000 finished jobs, 100,000 waiting manual steps, 100,000 due jobs of a workflow this
     worker does not run, 100,000 jobs of its own workflow scheduled for tomorrow at a higher

@@ -196,7 +196,11 @@ CREATE OR REPLACE FUNCTION postjob._due_jobs(
   p_workflows text[], p_versions text[], p_queues text[], p_limit integer,
   p_blocked text[], p_capped text[], p_caps integer[])
 RETURNS TABLE (id bigint, queue varchar, priority integer, next_run_at timestamptz)
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+-- its generic plans' estimates pass jit_above_cost, and compiling costs far more than the
+-- few index probes the statements run (20 ms against 1 ms for a batch of 100)
+SET jit = off
+AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := statement_timestamp();
@@ -249,7 +253,9 @@ $$;
 CREATE OR REPLACE FUNCTION postjob._lock_due_jobs(
   p_workflows text[], p_versions text[], p_queues text[], p_limit integer,
   p_blocked text[], p_skip bigint[])
-RETURNS bigint[] LANGUAGE plpgsql AS $$
+RETURNS bigint[] LANGUAGE plpgsql
+SET jit = off  -- as _due_jobs
+AS $$
 DECLARE
   v_now timestamptz := statement_timestamp();
   v_ids bigint[] := '{}';
@@ -334,6 +340,7 @@ RETURNS TABLE (id bigint, lease_token bigint, workflow varchar, workflow_version
 LANGUAGE plpgsql
 -- one cached plan whatever the arguments (custom plans would be re-planned on every call)
 SET plan_cache_mode = force_generic_plan
+SET jit = off  -- as _due_jobs
 AS $$
 #variable_conflict use_column
 DECLARE
