@@ -14,24 +14,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import URL, Engine
+from sqlalchemy import Engine
 
 from postjob_sa import _metrics
-from postjob_sa._db import Conn, Failure, close_quietly, failure, worker_identifier
+from postjob_sa._db import Conn, Failure, close_quietly, failure
 from postjob_sa._executor import Outcome, run_job, run_job_async
 from postjob_sa._idle import Idle
 from postjob_sa._keeper import Keeper
 from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
+from postjob_sa._options import WorkerOptions
 from postjob_sa._recorder import Recorder, job_fields
 from postjob_sa._runner import JobLoop, Slots
 from postjob_sa._scheduler import Scheduler
 from postjob_sa._signals import Abort, Stopper, WakeUp
 from postjob_sa._transactional import TransactionalRunner
 from postjob_sa._unknown import UnknownWorkflows
-from postjob_sa._wakeup import Waker, choose_waker
+from postjob_sa._wakeup import choose_waker
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.registry import Registry
 
@@ -40,32 +40,6 @@ log = logging.getLogger("postjob_sa.worker")
 RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 #: Deadlocks met by a checkout in a row before the worker gives up.
 TRANSIENT_LIMIT = 10
-
-
-@dataclass
-class WorkerOptions:
-    """How a worker runs (``JobQueue`` builds them from its own arguments)."""
-
-    lease: float = 60.0
-    batch: int = 1
-    fast_mode: bool = False
-    identifier: str = field(default_factory=worker_identifier)
-    queues: list[str] | None = None
-    workflows: list[str] | None = None
-    count: int | None = None
-    until_idle: bool = False
-    handle_signals: bool = True
-    #: run every job in transactional mode (``JobQueue.step(transactional=True)``)
-    transactional: bool = False
-    #: jobs at once in this worker (threads for sync workflows, tasks for async ones)
-    concurrency: int = 1
-    #: the engine goes through a pooler in transaction mode: no session state (see _wakeup)
-    pooled: bool = False
-    #: a direct URL to LISTEN on when pooled (else the worker polls every poll_interval)
-    wakeup_url: URL | None = None
-    poll_interval: float = 1.0
-    #: what wakes the worker (None: chosen from the options above, see choose_waker)
-    waker: Waker | None = None
 
 
 class Worker:

@@ -213,7 +213,7 @@ class _Probe:
         )
         self.table_bytes = int(pg.value(url, "SELECT pg_total_relation_size('postjob.postjobs')"))
         self.index_bytes = int(
-            pg.value(url, "SELECT pg_relation_size('postjob.postjobs_runnable_by_workflow_idx')")
+            pg.value(url, "SELECT pg_relation_size('postjob.postjobs_runnable_by_group_idx')")
         )
 
     def checkout_one(self) -> bool:
@@ -283,13 +283,11 @@ class PostjobSA(System):
         global _gate
         _gate = gate
         _register()
-        from postjob_sa._worker import Worker, WorkerOptions
-
         s = _session(url)
         q = postjob_sa.JobQueue(s, batch_size=int(config.params["batch"]))
         # JobQueue.work()/drain(), with the connections kept open until the driver has read
         # their backends' CPU (gate.ran() blocks until then)
-        worker = Worker(q, WorkerOptions(batch=q.batch_size, until_idle=not gate.listening))
+        worker = q._worker(batch=q.batch_size, until_idle=not gate.listening)
         disconnect, worker._disconnect = worker._disconnect, lambda: None  # type: ignore[method-assign]
         worker._connect()  # connected before the driver lists this database's backends
         if gate.listening:

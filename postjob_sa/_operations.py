@@ -1,0 +1,124 @@
+"""The operator's actions on jobs that exist: finish a manual step, reset, cancel, force,
+reap, and the queues' limits. :class:`~postjob_sa.JobQueue` has them; each runs in the caller's
+transaction, and its validation fails before anything is written."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from postjob_sa import _limits, _sql, _validate
+from postjob_sa._migrations import schema_checked
+from postjob_sa.errors import InvalidArgument, InvalidJobState, JobNotFound
+from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, QueueLimit, Status
+
+
+class JobOperations:
+    """The operations of a session-bound queue on existing jobs (see the module docstring)."""
+
+    session: Session
+
+    def _require_job(self, job_id: int) -> str:
+        status = self.session.execute(_sql.JOB_EXISTS, {"id": job_id}).scalar()
+        if status is None:
+            raise JobNotFound(f"no job has the id {job_id}")
+        return str(status)
+
+    @schema_checked
+    def resolve(self, token: str | uuid.UUID, result: Any = None, *, error: str | None = None) -> int:
+        """Finish a manual job by its token: ok with ``result``, or failed with ``error``
+        (a message). Wakes its parent. Returns the job id."""
+        try:
+            token_uuid = token if isinstance(token, uuid.UUID) else uuid.UUID(str(token))
+        except ValueError:
+            raise InvalidArgument(f"not a token: {token!r}") from None
+        payload = _validate.to_json(result, "result")
+        if error is not None and not isinstance(error, str):
+            raise InvalidArgument("error must be a message string")
+        row = self.session.execute(_sql.TOKEN_JOB, {"token": str(token_uuid)}).first()
+        if row is None:
+            raise JobNotFound(f"no job has the token {token_uuid}")
+        job_id, workflow, status = row
+        if workflow != MANUAL_WORKFLOW:
+            raise InvalidJobState(f"job {job_id} is not a manual job")
+        if Status(status) in FINAL_STATUSES:
+            raise InvalidJobState(f"job {job_id} is already {status}")
+        self.session.execute(
+            _sql.JOB_RESOLVE,
+            {
+                "token": str(token_uuid), "result": payload,
+                "error": None if error is None else "Resolved",
+                "message": error,
+            },
+        )
+        return int(job_id)
+
+    @schema_checked
+    def reset(self, *ids: int) -> list[int]:
+        """Make these jobs (and their failed or timed-out descendants) ready again, attempts
+        and errors cleared, with a fresh deadline. Returns the ids reset. A running job is
+        refused (InvalidJobState): it would run twice at once."""
+        checked = [_validate.job_id(i) for i in ids]
+        if not checked:
+            raise InvalidArgument("reset needs at least one job id")
+        found: dict[int, str] = {
+            r.id: r.status for r in self.session.execute(_sql.JOBS_STATUS_LOCKED, {"ids": checked})
+        }
+        missing = [i for i in checked if i not in found]
+        if missing:
+            raise JobNotFound(f"no job has the id {', '.join(map(str, missing))}")
+        running = [i for i in checked if found[i] == Status.processing.value]
+        if running:
+            raise InvalidJobState(
+                f"job {', '.join(map(str, running))} is running: reset it once it has finished "
+                "(or once its worker is gone and `postjob reap` has rescued it)"
+            )
+        ids_reset = self.session.execute(_sql.JOBS_RESET, {"ids": checked}).scalar_one()
+        return list(ids_reset)
+
+    @schema_checked
+    def cancel(self, job_id: int) -> list[int]:
+        """Cancel a job and its unfinished descendants: status ``cancelled`` (final) at once.
+
+        A running job is told at its next spawn, result, ``set_workflow_status`` or heartbeat
+        (``JobCancelled`` is raised in it) and its outcome is not recorded; a parent waiting
+        for a cancelled child sees ``ChildFailed``. Returns the ids cancelled (the job first).
+        A finished job is refused (InvalidJobState)."""
+        status = self._require_job(_validate.job_id(job_id))
+        if Status(status) in FINAL_STATUSES:
+            raise InvalidJobState(f"job {job_id} is already {status}: only unfinished jobs can be cancelled")
+        ids = list(self.session.execute(_sql.JOBS_CANCEL, {"ids": [job_id]}).scalar_one())
+        if job_id not in ids:  # it finished between the two statements
+            raise InvalidJobState(f"job {job_id} finished before it could be cancelled")
+        return [job_id, *(i for i in ids if i != job_id)]
+
+    @schema_checked
+    def set_queue_limits(self, queue: str, *, concurrency: int | None = None,
+                         rate: int | None = None, period: float = 1.0) -> None:
+        """Limit a queue for every worker: at most ``concurrency`` of its jobs processing at
+        once, at most ``rate`` starts in any ``period`` seconds (None: no such limit; both
+        None: the queue is unlimited again). Takes effect at the next checkout."""
+        _limits.set_limits(self.session, _validate.name(queue, "queue"),
+                           _validate.count(concurrency, "concurrency"),
+                           _validate.count(rate, "rate"), _validate.seconds(period, "period"))
+
+    @schema_checked
+    def queue_limits(self) -> list[QueueLimit]:
+        """The limited queues, by name."""
+        return _limits.list_limits(self.session)
+
+    @schema_checked
+    def force(self, job_id: int) -> None:
+        """Run a ready, err or sleeping job as soon as possible."""
+        status = self._require_job(_validate.job_id(job_id))
+        if status not in ("ready", "err", "sleep"):
+            raise InvalidJobState(f"job {job_id} is {status}: only ready, err or sleep jobs can be forced")
+        self.session.execute(_sql.JOB_FORCE, {"id": job_id})
+
+    @schema_checked
+    def reap(self) -> int:
+        """Time out jobs past their deadline and fail over jobs whose lease expired (zombies);
+        return how many. Every checkout does this too; call it from cron when no worker runs."""
+        return int(self.session.execute(_sql.JOBS_REAP).scalar_one())
