@@ -27,6 +27,7 @@ from cronsim import CronSim, CronSimError
 
 from postjob_sa import _json, _sql
 from postjob_sa.errors import InvalidArgument
+from postjob_sa.models import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
 if TYPE_CHECKING:
     from postjob_sa._db import Conn
@@ -195,7 +196,8 @@ class Scheduler:
             skip = spec.skip_missed and (now - latest).total_seconds() > spec.grace(latest)
             job_id = conn.scalar(_sql.SCHEDULE_TICK, {
                 "name": wf.name, "tick": latest, "next_tick": following, "skip": skip,
-                "queue": wf.queue or "q", "max_attempts": wf.max_attempts or 5,
+                "queue": wf.queue or DEFAULT_QUEUE,
+                "max_attempts": wf.max_attempts or DEFAULT_MAX_ATTEMPTS,
                 "timeout": wf.timeout,
                 "tags": _json.encode({"schedule": wf.name, "tick": latest.isoformat()}),
             })

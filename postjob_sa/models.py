@@ -33,6 +33,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from postjob_sa.errors import InvalidJobState
 
 SCHEMA = "postjob"
+#: What a job gets when neither the call nor its workflow's decorator says.
+DEFAULT_QUEUE = "q"
+DEFAULT_MAX_ATTEMPTS = 5
 MANUAL_WORKFLOW = "__manual__"
 
 
@@ -94,7 +97,7 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), nullable=False
     )
-    queue: Mapped[str] = mapped_column(String, server_default="q", nullable=False)
+    queue: Mapped[str] = mapped_column(String, server_default=DEFAULT_QUEUE, nullable=False)
     workflow: Mapped[str] = mapped_column(String, nullable=False)
     workflow_method: Mapped[str] = mapped_column(String, server_default="run", nullable=False)
     workflow_version: Mapped[str] = mapped_column(String, server_default="", nullable=False)
@@ -110,7 +113,7 @@ class Job(Base):
     timeout: Mapped[float | None] = mapped_column(Double)
     timing_out_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     failed_attempts: Mapped[int] = mapped_column(Integer, server_default="0", nullable=False)
-    max_attempts: Mapped[int] = mapped_column(Integer, server_default="5", nullable=False)
+    max_attempts: Mapped[int] = mapped_column(Integer, server_default=str(DEFAULT_MAX_ATTEMPTS), nullable=False)
     results: Mapped[Any | None] = mapped_column(JSONB(none_as_null=True))
     error: Mapped[str | None] = mapped_column(String)
     error_message: Mapped[str | None] = mapped_column(String)

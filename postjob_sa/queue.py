@@ -24,12 +24,10 @@ from postjob_sa._options import WorkerOptions
 from postjob_sa._wakeup import wakeup_url_of
 from postjob_sa._worker import Worker
 from postjob_sa.errors import InvalidArgument, InvalidJobState
-from postjob_sa.models import MANUAL_WORKFLOW, Job, Status
+from postjob_sa.models import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MANUAL_WORKFLOW, Job, Status
 from postjob_sa.registry import Registry, Workflow, default_registry
 
 DEFAULT_LEASE = 60.0
-DEFAULT_MAX_ATTEMPTS = 5
-DEFAULT_QUEUE = "q"
 #: An enqueue with a unique key inserts again when the key's holder finished meanwhile.
 ENQUEUE_TRIES = 5
 

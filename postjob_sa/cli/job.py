@@ -9,7 +9,8 @@ from typing import Any
 import click
 
 from postjob_sa.errors import InvalidArgument
-from postjob_sa.queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, JobQueue
+from postjob_sa.models import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+from postjob_sa.queue import JobQueue
 from postjob_sa.registry import Workflow, default_registry
 
 from . import _parse, _query
