@@ -161,29 +161,31 @@ LANGUAGE sql STABLE AS $$
   SELECT g.queue, g.priority, g.next_run_at FROM g
 $$;
 
--- The queues of one pair's runnable jobs at one priority, each with its earliest next_run_at:
--- a loose index scan, one descent per queue.
+-- The queues of one pair's runnable jobs at one priority: a loose index scan, one descent per
+-- queue, backward: each lands at its queue's latest job, never on the entries of the jobs
+-- checked out lately (a queue's earliest, dead in the index until the next vacuum), which the
+-- due range read after it walks once.
 CREATE OR REPLACE FUNCTION postjob._runnable_queues(p_workflow text, p_version text,
                                                     p_priority integer)
-RETURNS TABLE (queue varchar, next_run_at timestamptz)
+RETURNS TABLE (queue varchar)
 LANGUAGE sql STABLE AS $$
   WITH RECURSIVE g AS (
-    (SELECT s.queue, s.next_run_at FROM postjob.postjobs s
+    (SELECT s.queue FROM postjob.postjobs s
       WHERE s.workflow = p_workflow AND s.workflow_version = p_version
         AND s.status IN ('ready', 'err') AND s.priority = p_priority
-      ORDER BY s.queue, s.next_run_at
+      ORDER BY s.queue DESC
       LIMIT 1)
     UNION ALL
-    SELECT n.queue, n.next_run_at
+    SELECT n.queue
       FROM g CROSS JOIN LATERAL (
-        SELECT s.queue, s.next_run_at FROM postjob.postjobs s
+        SELECT s.queue FROM postjob.postjobs s
          WHERE s.workflow = p_workflow AND s.workflow_version = p_version
            AND s.status IN ('ready', 'err') AND s.priority = p_priority
-           AND s.queue > g.queue
-         ORDER BY s.queue, s.next_run_at
+           AND s.queue < g.queue
+         ORDER BY s.queue DESC
          LIMIT 1) n
   )
-  SELECT g.queue, g.next_run_at FROM g
+  SELECT g.queue FROM g
 $$;
 
 -- Up to p_limit due jobs of the given pairs, highest priority first, then earliest due, then
@@ -234,8 +236,7 @@ BEGIN
       LIMIT CASE WHEN g.queue = ANY (p_capped)
                  THEN least(v_left, p_caps[array_position(p_capped, g.queue::text)])
                  ELSE v_left END) c
-    WHERE g.next_run_at <= v_now
-      AND (p_queues IS NULL OR g.queue = ANY (p_queues))
+    WHERE (p_queues IS NULL OR g.queue = ANY (p_queues))
       AND g.queue <> ALL (p_blocked)
     ORDER BY c.next_run_at, c.id
     LIMIT v_left;
@@ -458,7 +459,8 @@ BEGIN
   SELECT t.id, t.lease_token, t.workflow, t.workflow_version, t.args, t.queue, t.root_id,
          t.full_id, t.parent_id
   FROM taken t
-  ORDER BY t.priority DESC, array_position(v_candidates, t.id), t.id;
+  LEFT JOIN unnest(v_candidates) WITH ORDINALITY AS o(id, n) ON o.id = t.id
+  ORDER BY t.priority DESC, o.n, t.id;
 END;
 $$;
 
