@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -23,8 +24,13 @@ async def double(x: int) -> int:
     return 2 * x
 
 
+#: set once a nap has begun (the worker runs it on an event loop of its own)
+NAPPING = threading.Event()
+
+
 @postjob_sa.workflow(name="aq.nap", registry=reg)
 async def nap(seconds: float) -> str:
+    NAPPING.set()
     await asyncio.sleep(seconds)
     return "rested"
 
@@ -147,13 +153,11 @@ def test_cancelling_the_task_that_runs_work_stops_the_worker_after_its_jobs(
             q = AsyncJobQueue(s, registry=reg, concurrency=2)
             await q.enqueue(nap, 0.5)
             await s.commit()
+            NAPPING.clear()
             task = asyncio.create_task(q.work(handle_signals=False))
-            for _ in range(100):  # until the job runs
-                await asyncio.sleep(0.02)
-                async with AsyncSession(engine) as peek:
-                    status = (await peek.execute(text(
-                        "SELECT status::text FROM postjob.postjobs"))).scalar()
-                if status == "processing":
+            for _ in range(250):  # until the job runs (checked out is not enough: a job the
+                await asyncio.sleep(0.02)  # slots hold but have not begun is handed back)
+                if NAPPING.is_set():
                     break
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
