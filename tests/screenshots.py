@@ -61,8 +61,12 @@ def build(url: str) -> None:
     # a worker in the middle of a job: its connection named as workers name theirs
     backdate(engine, 150)  # long enough for the overview to call a job stranded
     with Session(engine) as s:
-        s.execute(text("SELECT postjob.set_client_identifier('app-host-1:4242')"))
-        held = JobQueue(s).checkout(["web.noop"], limit=2)
+        held = JobQueue(s, identifier="app-host-1:4242").checkout(["web.noop"], limit=2)
+        # its heartbeat, as a running worker keeps it (and a pooled one, seen by it alone)
+        s.execute(text(
+            "INSERT INTO postjob.workers (identifier, heartbeat_at, expires_at, code_revision) "
+            "VALUES ('app-host-1:4242', now(), now() + interval '1 minute', 'pj0004'), "
+            "('app-host-2:311', now(), now() + interval '1 minute', 'pj0004')"))
         s.commit()
         assert held
     # limits as `postjob queue limit` sets them, schedules as workers register them

@@ -57,7 +57,7 @@ def test_overview_counts_queues_workers_and_waiting(client: Client, seeded: Seed
     assert ">q<" in counts and ">reports<" in counts
     assert "ok jobs in all: 3" in page  # two labels and the pack
     assert "failed 2" in page  # the throughput legend: flaky twice
-    assert "0</strong> workers connected" in page
+    assert "0</strong> workers up" in page
     assert "approve order" in page  # the manual step waits for a token
     # due, but not for a minute yet: not stranded
     assert "web.nobody_runs_this" not in page[page.index('data-fragment="stranded"'):]
@@ -66,9 +66,28 @@ def test_overview_counts_queues_workers_and_waiting(client: Client, seeded: Seed
 def test_overview_lists_jobs_no_running_worker_runs(client: Client, seeded: Seeded, engine: Engine) -> None:
     backdate(engine, 120)
     stranded = body(client.get("/")).split('data-fragment="stranded"', 1)[1]
-    assert "No worker is connected" in stranded
+    assert "No worker is up" in stranded
     assert "web.nobody_runs_this" in stranded
     assert "__manual__" not in stranded  # a manual step waits for a person, not a worker
+
+
+def test_workers_are_seen_by_their_heartbeat_too(client: Client, seeded: Seeded, engine: Engine) -> None:
+    """A pooled worker's connections carry the pooler's name: its heartbeat row shows it up."""
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO postjob.workers (identifier, heartbeat_at, expires_at, code_revision) VALUES "
+            "('pooled-host:7', now(), now() + interval '1 minute', 'pj0004'), "
+            "('crashed-host:9', now() - interval '5 minutes', now() - interval '4 minutes', 'pj0004')"))
+    backdate(engine, 120)
+    page = body(client.get("/"))
+    workers = page[page.index('data-fragment="workers"'):page.index('data-fragment="stranded"')]
+    assert "1</strong> worker up" in workers
+    pooled = workers[workers.index("pooled-host:7"):workers.index("</tr>", workers.index("pooled-host:7"))]
+    assert "pooled: not by name" in pooled and "stopped" not in pooled
+    crashed = workers[workers.index("crashed-host:9") - 40:workers.index("</tr>", workers.index("crashed-host:9"))]
+    assert 'class="gone"' in crashed and "stopped" in crashed and "not connected" in crashed
+    stranded = page.split('data-fragment="stranded"', 1)[1]
+    assert "No worker is up" not in stranded and "web.nobody_runs_this" in stranded
 
 
 def test_jobs_list_filters(client: Client, seeded: Seeded) -> None:

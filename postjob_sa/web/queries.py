@@ -108,6 +108,13 @@ WORKERS_CONNECTED = text(
     "ORDER BY 1, pid"
 )
 
+#: Registered workers and their heartbeats (what a pooled worker, whose connections the pooler
+#: names, is seen by); a row whose heartbeat expired is a worker gone without unregistering.
+WORKERS_REGISTERED = text(
+    "SELECT identifier, started_at, heartbeat_at, expires_at > now() AS alive, workflows, queues "
+    "FROM postjob.workers ORDER BY identifier, id"
+)
+
 #: What each worker holds now, by the identifier it checked the jobs out under.
 WORKERS_BUSY = text(
     "SELECT COALESCE(processing_client_identifier, processing_client, '?') AS identifier, "
@@ -250,6 +257,10 @@ def manual_steps(conn: Connection, limit: int = 10) -> tuple[int, list[Row]]:
 
 def workers_connected(conn: Connection) -> list[Row]:
     return _rows(conn, WORKERS_CONNECTED)
+
+
+def workers_registered(conn: Connection) -> list[Row]:
+    return _rows(conn, WORKERS_REGISTERED)
 
 
 def workers_busy(conn: Connection) -> list[Row]:

@@ -72,10 +72,22 @@ class WorkerLine:
     jobs: int = 0
     since: datetime | None = None
     lease_expires_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    #: its heartbeat is current (None: it has no worker row, e.g. a worker of pj0001's code)
+    beating: bool | None = None
+
+    @property
+    def up(self) -> bool:
+        return bool(self.beating or self.connections)
 
 
-def _worker_lines(connected: list[q.Row], busy: list[q.Row]) -> list[WorkerLine]:
+def _worker_lines(registered: list[q.Row], connected: list[q.Row], busy: list[q.Row]) -> list[WorkerLine]:
     lines: dict[str, WorkerLine] = {}
+    for r in registered:
+        line = lines.setdefault(r.identifier, WorkerLine(r.identifier))
+        if line.heartbeat_at is None or r.heartbeat_at > line.heartbeat_at:
+            line.heartbeat_at = r.heartbeat_at
+        line.beating = bool(line.beating) or bool(r.alive)
     for r in connected:
         lines.setdefault(r.identifier, WorkerLine(r.identifier)).connections.append(r)
     for r in busy:
@@ -89,9 +101,9 @@ def overview(conn: Connection, settings: Settings) -> Screen:
     ok = q.ok_count(conn, sum(int(r.jobs) for r in counts))
     flow = q.throughput(conn)
     lines, total = _queue_lines(counts, flow)
-    workers = _worker_lines(q.workers_connected(conn), q.workers_busy(conn))
+    workers = _worker_lines(q.workers_registered(conn), q.workers_connected(conn), q.workers_busy(conn))
     manual_count, manual = q.manual_steps(conn)
-    up = sum(1 for w in workers if w.connections)
+    up = sum(1 for w in workers if w.up)
     return Screen(
         "overview.html",
         "Overview",
