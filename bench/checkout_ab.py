@@ -1,0 +1,121 @@
+"""Checkout cost of several versions of the code, interleaved call by call.
+
+    .venv/bin/python bench/checkout_ab.py before=/tmp/before-pj0004 pj0004=/tmp/pj0004 now=.
+        [--dsn-base postgresql://root@127.0.0.1:5432] [--finished 1000000] [--calls 1500]
+
+Each NAME=TREE is a checkout of this repository (``git worktree add /tmp/pj0004 <commit>``):
+its own schema is installed by its own code into a database of its own (pjbench_ab_NAME), with
+``--finished`` finished jobs in the table. Then, for each table shape (as in bench/features.py:
+priority 0 only; ten priorities in one queue; ten priorities across three queues; the same
+with 10,000 jobs for tomorrow at a higher priority) and batch size (1 and 100), every database
+gets the same fill and the checkouts go round robin, one call per database in turn, through the
+worker's cycle statement (the same text in every version since pj0002). Interleaving cancels
+the drift of a busy machine that separate runs, minutes apart, do not. Trees whose schema has
+no priorities (before pj0004) take part in the first shape only. Prints the median per version
+and its ratio to the first version given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import pg
+
+SHAPES = {
+    "zero": "priority 0 only",
+    "levels": "10 priorities, 1 queue",
+    "queues": "10 priorities, 3 queues",
+    "future": "... and 10,000 for tomorrow",
+}
+
+CYCLE = (
+    "SELECT kind, id FROM postjob.worker_cycle(NULL::bigint, 'bench'::varchar, '{}'::bigint[], "
+    "'{}'::bigint[], '{}'::text[], '{}'::jsonb[], '{}'::text[], '{}'::text[], '{}'::jsonb[], "
+    "'{}'::text[], '{}'::bigint[], ARRAY['noop']::text[], ARRAY['']::text[], NULL::text[], "
+    "%(limit)s::integer, 60::float8, false, false)"
+)
+
+
+def _install(tree: Path, url: str) -> None:
+    code = ("import sys, postjob_sa; "
+            "postjob_sa.migrate(sys.argv[1].replace('postgresql://', 'postgresql+psycopg2://', 1))")
+    subprocess.run([sys.executable, "-c", code, url], cwd=tree, check=True,
+                   env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+
+
+def _fill(cur: Any, ready: int, shape: str) -> None:
+    cur.execute("DELETE FROM postjob.postjobs WHERE status <> 'ok'")
+    due = "now() - interval '1 hour' + g * interval '1 ms'"
+    if shape == "zero":
+        cur.execute("INSERT INTO postjob.postjobs (workflow, args, next_run_at) "
+                    f"SELECT 'noop', jsonb_build_array(g), {due} FROM generate_series(1, %s) g",
+                    (ready,))
+    else:
+        queue = "'default'" if shape == "levels" else "'q' || (g %% 3)"
+        cur.execute("INSERT INTO postjob.postjobs (workflow, args, next_run_at, priority, queue) "
+                    f"SELECT 'noop', jsonb_build_array(g), {due}, g %% 10, {queue} "
+                    "FROM generate_series(1, %s) g", (ready,))
+    if shape == "future":
+        cur.execute("INSERT INTO postjob.postjobs (workflow, priority, next_run_at) "
+                    "SELECT 'noop', 100, now() + interval '1 day' FROM generate_series(1, 10000)")
+    cur.execute("VACUUM ANALYZE postjob.postjobs")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("trees", nargs="+", metavar="NAME=TREE")
+    parser.add_argument("--dsn-base", default="postgresql://root@127.0.0.1:5432")
+    parser.add_argument("--finished", type=int, default=1_000_000)
+    parser.add_argument("--calls", type=int, default=1500, help="checkouts of 1 job per version")
+    opts = parser.parse_args()
+
+    import psycopg2
+
+    curs: dict[str, Any] = {}
+    priorities: dict[str, bool] = {}
+    for spec in opts.trees:
+        name, _, tree = spec.partition("=")
+        url = pg.fresh_database(opts.dsn_base, f"pjbench_ab_{name}")
+        _install(Path(tree).resolve(), url)
+        conn = psycopg2.connect(url)
+        conn.autocommit = True
+        cur = conn.cursor()
+        cur.execute("INSERT INTO postjob.postjobs (workflow, status, next_run_at, results) "
+                    "SELECT 'noop', 'ok', NULL, '[null]' FROM generate_series(1, %s)",
+                    (opts.finished,))
+        cur.execute("SELECT count(*) FROM information_schema.columns WHERE table_schema = "
+                    "'postjob' AND table_name = 'postjobs' AND column_name = 'priority'")
+        priorities[name] = bool(cur.fetchone()[0])
+        curs[name] = cur
+
+    names = list(curs)
+    for shape, label in SHAPES.items():
+        taking = [n for n in names if shape == "zero" or priorities[n]]
+        for limit, calls in ((1, opts.calls), (100, max(opts.calls // 10, 20))):
+            for n in taking:
+                _fill(curs[n], calls * limit + 1000, shape)
+            times: dict[str, list[float]] = {n: [] for n in taking}
+            for _ in range(calls):
+                for n in taking:
+                    t0 = time.perf_counter()
+                    curs[n].execute(CYCLE, {"limit": limit})
+                    got = len(curs[n].fetchall())
+                    times[n].append(time.perf_counter() - t0)
+                    assert got == limit, (n, shape, got)
+            base = statistics.median(times[taking[0]])
+            row = "  ".join(f"{n} {statistics.median(times[n]) * 1e6:7.0f} us "
+                            f"({statistics.median(times[n]) / base:4.2f})" for n in taking)
+            print(f"checkout {limit:3} job(s), {label:<28} {row}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
