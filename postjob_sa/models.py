@@ -155,12 +155,6 @@ class Job(Base):
                 "unique_key IS NOT NULL AND status IN ('ready', 'processing', 'sleep', 'err')"
             ),
         ),
-        # per-queue concurrency limits: the processing jobs of a queue
-        Index(
-            "postjobs_processing_by_queue_idx",
-            "queue",
-            postgresql_where=text("status = 'processing'"),
-        ),
         # reaping timeouts
         Index(
             "postjobs_timing_out_idx",
@@ -304,6 +298,9 @@ class QueueLimit(Base):
     rate_counts: Mapped[list[int]] = mapped_column(
         ARRAY(Integer), server_default=text("'{}'::integer[]"), nullable=False
     )
+    #: the ids the concurrency limit counts (its queue's jobs checked out while limited; None
+    #: until a checkout first reads them from the table): checkout keeps them
+    processing_ids: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), nullable=False
     )

@@ -129,6 +129,38 @@ def test_concurrency_counts_jobs_held_in_other_transactions(engine: Engine, sess
         other.rollback()
 
 
+def test_a_limit_counts_the_jobs_already_running_when_it_is_set(
+    engine: Engine, session: Session
+) -> None:
+    """The limit's row keeps the ids it counts; the jobs checked out before it existed (here,
+    two of them), and a row written straight through the ORM, are read from the table first."""
+    q = _q(session)
+    q.enqueue_many(slow, [[0]] * 5, queue="late")
+    session.commit()
+    assert len(q.checkout(limit=2)) == 2
+    session.commit()
+    session.add(postjob_sa.QueueLimit(queue="late", concurrency=3))
+    session.commit()
+    with Session(engine) as other:
+        assert len(_q(other).checkout(limit=5)) == 1  # 2 running + 1 = 3
+        other.commit()
+    with Session(engine) as other:
+        assert _q(other).checkout(limit=5) == []
+        other.rollback()
+    ids = _count(engine, "SELECT cardinality(processing_ids) FROM postjob.queue_limits "
+                         "WHERE queue = 'late'")
+    assert ids == 3
+
+
+def test_a_finished_job_frees_its_place(session: Session) -> None:
+    q = _q(session)
+    q.set_queue_limits("one", concurrency=1)
+    q.enqueue_many(slow, [[0]] * 3, queue="one")
+    session.commit()
+    assert q.drain() == 3  # one at a time, each freeing the place for the next
+    assert q.checkout() == []
+
+
 def test_limits_are_set_listed_and_cleared(session: Session) -> None:
     q = _q(session)
     q.set_queue_limits("a", concurrency=3)

@@ -69,7 +69,7 @@ def test_pj0004_upgrades_a_live_pj0003_database_and_downgrades_exactly(
         child = conn.execute(text("INSERT INTO postjob.postjobs (workflow, parent_id) "
                                   "VALUES ('__manual__', :p) RETURNING id"), {"p": parent}
                              ).scalar_one()
-    postjob_sa.migrate(live)
+    postjob_sa.migrate(live, "pj0004")
     with live.begin() as conn:
         # the running job's outcome is still accepted under its lease
         accepted = conn.execute(text(
@@ -96,6 +96,6 @@ def test_pj0004_upgrades_a_live_pj0003_database_and_downgrades_exactly(
         assert conn.execute(text("SELECT error FROM postjob.postjobs WHERE id = :i"),
                             {"i": child}).scalar_one() == "Cancelled"
     assert _catalog(live) == pj0003
-    postjob_sa.migrate(live)  # and up again
+    postjob_sa.migrate(live, "pj0004")  # and up again
     with live.connect() as conn:
         assert conn.execute(text("SELECT postjob.schema_version()")).scalar_one() == "pj0004"

@@ -29,8 +29,10 @@ ADOPTION = "0ba0f0330356"
 FULFIL_JOB = "85a938654cea"
 #: ... the one `postjob db revision` wrote when the shop upgraded postjob_sa (to pj0003) ...
 UPGRADE = "5c2d81e07a44"
-#: ... and the one it wrote at the next upgrade (pj0003 to pj0004, the head)
+#: ... the one it wrote at the next upgrade (pj0003 to pj0004) ...
 UPGRADE_AGAIN = "4b5e394ca18a"
+#: ... and the one after that (pj0004 to pj0005, the head)
+UPGRADE_THIRD = "9a9e5cf938d9"
 BEFORE_ADOPTION = "shop0003"
 
 
