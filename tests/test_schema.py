@@ -111,6 +111,18 @@ def test_checkout_never_compiles_its_statements(engine: Engine) -> None:
         assert "jit=off" in (config or []), (name, config)
 
 
+def test_the_worker_cycle_is_planned_once_per_session(engine: Engine) -> None:
+    """The cycle and the outcomes it records take arrays: left to choose, PostgreSQL planned
+    their statements again on every call (a one-job cycle 2.3 ms, 1.6 ms with cached plans)."""
+    with engine.connect() as conn:
+        settings = dict(conn.execute(text(
+            "SELECT p.proname, p.proconfig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'postjob' AND p.proname IN ('worker_cycle', 'finish_jobs')")).all())
+    assert set(settings) == {"worker_cycle", "finish_jobs"}
+    for name, config in settings.items():
+        assert {"plan_cache_mode=force_generic_plan", "jit=off"} <= set(config or []), (name, config)
+
+
 def test_checkout_walks_only_the_jobs_it_can_run(server_url: URL, template_db: str) -> None:
     """100,000 finished jobs, 100,000 waiting manual steps, 100,000 due jobs of a workflow this
     worker does not run, 100,000 jobs of its own workflow scheduled for tomorrow at a higher

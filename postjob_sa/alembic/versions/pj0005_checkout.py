@@ -15,6 +15,8 @@ batch of 100 about two fifths more. What changes, block by block:
   from the table), kept by the checkout that holds the limit's row, so counting costs a few
   primary-key look-ups (as many as the limit allows) and ``postjobs_processing_by_queue_idx``
   goes: a job's checkout writes one index entry fewer.
+- **plans**: ``worker_cycle`` and ``finish_jobs`` keep one cached plan per statement (they were
+  planned again on every call: a third of a one-job cycle) and never JIT-compile.
 - **checkout**: ``checkout_v2`` (same arguments and results) first reads each pair's highest
   (priority, queue) group and the group below it in one statement; when every pair's top group
   has the same priority and no limits, and either nothing else is runnable or the batch is full
@@ -325,6 +327,25 @@ $$;
 
 """
 
+# The worker's cycle and the outcomes it records take arrays; with custom plans (the default
+# after five calls, when a plan for the actual array looks cheaper than the generic one)
+# PostgreSQL planned their statements again on every call: 2.3 ms for a cycle of one job, 1.6 ms
+# with one cached plan each (interleaved, same table). Nested statements inherit the settings,
+# JIT included (generic plans are costed for any array).
+CYCLE_FUNCTIONS = (
+    "postjob.worker_cycle(bigint, varchar, bigint[], bigint[], text[], jsonb[], text[], text[], "
+    "jsonb[], text[], bigint[], text[], text[], text[], integer, double precision, boolean, "
+    "boolean)",
+    "postjob.finish_jobs(bigint[], bigint[], text[], jsonb[], text[], text[], jsonb[], text[], "
+    "bigint[], boolean)",
+)
+PLANS_UP = "".join(
+    f"ALTER FUNCTION {f} SET plan_cache_mode = force_generic_plan;\n"
+    f"ALTER FUNCTION {f} SET jit = off;\n" for f in CYCLE_FUNCTIONS)
+PLANS_DOWN = "".join(
+    f"ALTER FUNCTION {f} RESET plan_cache_mode;\nALTER FUNCTION {f} RESET jit;\n"
+    for f in CYCLE_FUNCTIONS)
+
 VERSION_UP = (
     "CREATE OR REPLACE FUNCTION postjob.schema_version() RETURNS text LANGUAGE sql "
     "IMMUTABLE AS $$ SELECT 'pj0005'::text $$"
@@ -341,6 +362,7 @@ def upgrade() -> None:
     op.execute(LOCK_TIMEOUT)
     op.execute(COLUMN_UP)
     op.execute(CHECKOUT_SQL)
+    op.execute(PLANS_UP)
     op.execute(VERSION_UP)
     # after the new checkout is in place: no call counts through the index any more
     index_step(INDEX_DOWN)
@@ -349,6 +371,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     index_step(INVALID_INDEX_DROP, INDEX_UP)
     op.execute(LOCK_TIMEOUT)
+    op.execute(PLANS_DOWN)
     op.execute("DROP FUNCTION postjob._queue_processing(varchar, bigint[])")
     # pj0004's checkout_v2 and _queue_allowance (that revision is frozen: its text is the
     # history), then the column they do not know
