@@ -36,6 +36,7 @@ def test_checkout_holds_the_job_until_commit_and_rollback_returns_it(engine: Eng
     assert len(jobs) == 1 and jobs[0].status is Status.processing
     assert jobs[0].lease_token is not None and jobs[0].lease_expires_at is not None
     with Session(engine) as other:
+        other.execute(text("SET lock_timeout = '2s'"))  # blocked fails, not hangs
         assert _q(other).checkout() == []  # locked, skipped, not blocked
     session.rollback()
     with Session(engine) as other:
@@ -50,6 +51,7 @@ def test_two_sessions_never_get_the_same_job_and_do_not_block(engine: Engine, se
     session.commit()
     s1, s2 = Session(engine), Session(engine)
     try:
+        s2.execute(text("SET lock_timeout = '2s'"))  # waiting on s1's jobs fails, not hangs
         got1 = {j.id for j in _q(s1).checkout(limit=15)}
         got2 = {j.id for j in _q(s2).checkout(limit=15)}  # returns at once: 5 left
         assert len(got1) == 15 and len(got2) == 5 and not got1 & got2

@@ -3,14 +3,17 @@ ones (served pairs and queues, due, not timing out, allowed by the queue limits)
 priority first, then earliest due, then oldest. Checked on many random tables small enough to
 cover every shape the checkout treats apart: one group or several, several queues at the
 highest priority, a highest group with nothing due, served and unserved queues, limited queues,
-several workflows and pinned versions."""
+several workflows and pinned versions; and tables where one (workflow, version) pair holds every
+job, the shape pj0006 takes in one statement, planned as usual and with nested loops off (its
+batch comes in checkout order whatever the join)."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.pool import NullPool
 
 WORKFLOWS = ("co.a", "co.b", "co.c")
 
@@ -42,7 +45,9 @@ CHECKOUT = text(
 )
 
 
-def _scenario(rng: random.Random) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, int]]:
+def _scenario(
+    rng: random.Random, one_pair: bool = False
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, int]]:
     levels = rng.choice([[0], [0], [0, 1], [0, 5, -1], [2, 7]])
     queues = rng.choice([["default"], ["default"], ["a", "b"], ["a", "b", "c"]])
     jobs = []
@@ -67,11 +72,16 @@ def _scenario(rng: random.Random) -> tuple[list[dict[str, Any]], dict[str, Any],
     # limits that let everything through (the limited path must give the same jobs) or
     # nothing (the queue is left out)
     limits = {q: rng.choice([1000, 0]) for q in queues if rng.random() < 0.2}
+    if one_pair:  # every job of one served pair
+        for job in jobs:
+            job["workflow"], job["version"] = served[0], ""
     return jobs, call, limits
 
 
-def _check(conn: Connection, rng: random.Random) -> tuple[list[int], list[int], Any]:
-    jobs, call, limits = _scenario(rng)
+def _check(
+    conn: Connection, rng: random.Random, one_pair: bool = False
+) -> tuple[list[int], list[int], Any]:
+    jobs, call, limits = _scenario(rng, one_pair)
     for job in jobs:
         conn.execute(INSERT, job)
     for queue, concurrency in limits.items():
@@ -91,3 +101,30 @@ def test_checkout_gives_what_the_definition_gives_on_random_tables(engine: Engin
             finally:
                 conn.rollback()
         assert got == expected, (n, case)
+
+
+def test_checkout_of_one_pair_gives_what_the_definition_gives(engine: Engine) -> None:
+    rng = random.Random(20261202)
+    for n in range(300):
+        with engine.connect() as conn:
+            try:
+                expected, got, case = _check(conn, rng, one_pair=True)
+            finally:
+                conn.rollback()
+        assert got == expected, (n, case)
+
+
+def test_a_batch_comes_in_checkout_order_whatever_the_join(engine: Engine) -> None:
+    rng = random.Random(20261203)
+    fresh = create_engine(engine.url, poolclass=NullPool)  # a session that plans anew
+    try:
+        with fresh.connect() as conn:
+            conn.execute(text("SET enable_nestloop = off"))
+            for n in range(200):
+                try:
+                    expected, got, case = _check(conn, rng, one_pair=True)
+                finally:
+                    conn.rollback()
+                assert got == expected, (n, case)
+    finally:
+        fresh.dispose()

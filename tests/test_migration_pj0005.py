@@ -57,7 +57,7 @@ def test_pj0005_upgrades_a_live_pj0004_database_and_downgrades_exactly(
         assert [q for _, _, q in running] == ["lim", "lim"]
         conn.execute(text("INSERT INTO postjob.postjobs (workflow, args, queue) "
                           "SELECT 'w', jsonb_build_array(g), 'free' FROM generate_series(1, 3) g"))
-    postjob_sa.migrate(live)
+    postjob_sa.migrate(live, "pj0005")
     with live.begin() as conn:
         assert conn.execute(text("SELECT postjob.schema_version()")).scalar_one() == "pj0005"
         # the limit still counts the two running since before: only the free jobs come
@@ -71,6 +71,6 @@ def test_pj0005_upgrades_a_live_pj0004_database_and_downgrades_exactly(
     assert _catalog(live) == pj0004
     with live.begin() as conn:  # pj0004's checkout counts through its index again
         assert _checkout(conn, 10) == []
-    postjob_sa.migrate(live)  # and up again
+    postjob_sa.migrate(live, "pj0005")  # and up again
     with live.connect() as conn:
         assert conn.execute(text("SELECT postjob.schema_version()")).scalar_one() == "pj0005"

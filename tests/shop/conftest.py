@@ -31,8 +31,10 @@ FULFIL_JOB = "85a938654cea"
 UPGRADE = "5c2d81e07a44"
 #: ... the one it wrote at the next upgrade (pj0003 to pj0004) ...
 UPGRADE_AGAIN = "4b5e394ca18a"
-#: ... and the one after that (pj0004 to pj0005, the head)
+#: ... the one after that (pj0004 to pj0005) ...
 UPGRADE_THIRD = "9a9e5cf938d9"
+#: ... and the next (pj0005 to pj0006, the head)
+UPGRADE_FOURTH = "5053e053e126"
 BEFORE_ADOPTION = "shop0003"
 
 
