@@ -190,3 +190,32 @@ def test_checkout_walks_only_the_jobs_it_can_run(server_url: URL, template_db: s
     finally:
         eng.dispose()
         drop_database(server_url, url)
+
+
+def test_checkout_hands_out_by_id_on_a_small_table(server_url: URL, template_db: str) -> None:
+    """A cached plan outlives the table it was made for: planned on a table of a few thousand
+    jobs, a join from the picked jobs to the table became a scan of the whole table on every
+    checkout (the drain at one job per round trip fell to half). Checkout reaches the jobs it
+    hands out through the primary key, whatever the table's size when it was planned."""
+    url = create_clone(server_url, template_db, "small_table")
+    eng = create_engine(url)
+    try:
+        with eng.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO postjob.postjobs (workflow, args) "
+                "SELECT 'w', jsonb_build_array(g) FROM generate_series(1, 3000) g"))
+        with eng.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("VACUUM ANALYZE postjob.postjobs"))
+        with eng.begin() as conn:
+            for limit in (1, 100, 100):
+                taken = conn.execute(text(
+                    "SELECT id FROM postjob.checkout_v2(NULL, NULL, ARRAY['w'], ARRAY[''], "
+                    "NULL, :n, 60)"), {"n": limit}).all()
+                assert len(taken) == limit
+            seq = conn.execute(text(
+                "SELECT seq_scan FROM pg_stat_xact_user_tables "
+                "WHERE schemaname = 'postjob' AND relname = 'postjobs'")).scalar_one()
+            assert seq == 0
+    finally:
+        eng.dispose()
+        drop_database(server_url, url)

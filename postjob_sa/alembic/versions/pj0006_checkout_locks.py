@@ -1,18 +1,20 @@
-"""Checkout locks the common case's jobs as it finds them, in one statement.
+"""Checkout locks the common case's jobs as it reads them and hands them out in one statement.
 
 Revision ID: pj0006
 Revises: pj0005
 Create Date: 2026-12-01
 
-pj0005's checkout read the due jobs without locks, then locked them by id (SKIP LOCKED), then
-handed them out: three statements, and when two workers read the same head of the queue at
-once, the one that came second found its candidates locked and scanned again. Now, when one
-(workflow, version) pair has runnable jobs and its highest (priority, queue) group is alone at
-that priority, not limited and served (a backlog of one kind of job, the commonest shape), one
-statement finds that group, locks its due jobs as it reads them (passing those another worker
-holds) and hands them out. It locks nothing it does not hand out: the lock is taken only once
-the shape is known. Any other shape, and whatever is left of a batch the group could not fill,
-goes through pj0005's steps unchanged.
+pj0005's checkout read the due jobs without locks, locked them by id (SKIP LOCKED), then
+handed them out: three statements after the shape was known, and when two workers read the same
+head of the queue at once, the second found its candidates locked and scanned again. Now a
+first statement finds each (workflow, version) pair's highest (priority, queue) group, whether
+its queue is limited and whether another queue shares its priority. When one pair has runnable
+jobs and its group is alone at that priority, unlimited and served (a backlog of one kind of
+job, the commonest shape), a second statement locks the group's due jobs as it reads them
+(passing those another worker holds) and hands them all out: it locks nothing it does not hand
+out, since the shape is known before anything is locked. What is left of a batch comes from the
+levels below through pj0004's walk; several pairs go through pj0005's one-statement read first,
+as before.
 
 ``checkout_v2`` keeps its arguments and results, so workers of every earlier revision keep
 working on this schema; ``oldest_served_code`` stays pj0001.
@@ -35,9 +37,9 @@ CHECKOUT_SQL = r"""
 -- Check out up to p_limit due jobs of the given (workflow, version) pairs, highest priority
 -- first, then earliest due, each with a lease of p_lease seconds and a fresh lease token. The
 -- common case (one pair with runnable jobs, its highest (priority, queue) group alone at that
--- priority, not limited, served) takes its jobs in one statement that locks them as it finds
--- them; whatever is left to take goes as in pj0005 (its one-statement read for several pairs,
--- else pj0004's walk of the priority levels and queue limits).
+-- priority, not limited, served) takes its jobs in one statement that locks them as it reads
+-- them; otherwise as in pj0005 (its one-statement read for several pairs, else pj0004's walk
+-- of the priority levels and queue limits).
 CREATE OR REPLACE FUNCTION postjob.checkout_v2(
   p_worker_id bigint,
   p_identifier varchar,
@@ -72,119 +74,132 @@ DECLARE
   v_unseen integer;
   v_limited boolean;
   v_taken integer;
+  v_pairs integer;
+  v_queue text;
+  v_workflow text;
+  v_version text;
+  v_beside text;
+  v_read boolean := false;  -- several pairs' top groups, read in one statement, are the batch
 BEGIN
-  -- The common case in one statement. The pair's highest group (one backward descent), whether
-  -- another queue shares its priority (one more) and whether its queue is limited decide; then
-  -- the group's due jobs are locked as the range is read (SKIP LOCKED: jobs another checkout
-  -- holds are passed, not waited for, and never picked first and lost at the lock) and handed
-  -- out, all of them: a checkout locks only the jobs it hands out. With several pairs, or when
-  -- any of the three says no, nothing is locked here and the steps below pick the jobs.
-  RETURN QUERY
-  WITH top AS (
-    SELECT k.workflow, k.workflow_version, t.priority, t.queue,
-           count(*) OVER () AS pairs,
-           EXISTS (SELECT 1 FROM postjob.queue_limits l WHERE l.queue = t.queue) AS limited,
-           (SELECT s.queue FROM postjob.postjobs s
-            WHERE s.workflow = k.workflow AND s.workflow_version = k.workflow_version
-              AND s.status IN ('ready', 'err') AND s.priority = t.priority AND s.queue < t.queue
-            ORDER BY s.queue DESC
-            LIMIT 1) AS beside
-    FROM postjob._runnable_keys(p_workflows, p_versions) k
-    CROSS JOIN LATERAL (
-      SELECT s.priority, s.queue FROM postjob.postjobs s
-      WHERE s.workflow = k.workflow AND s.workflow_version = k.workflow_version
-        AND s.status IN ('ready', 'err')
-      ORDER BY s.priority DESC, s.queue DESC
-      LIMIT 1) t
-  ), picked AS (
-    SELECT c.id, c.next_run_at FROM top g
-    CROSS JOIN LATERAL (
-      SELECT s.id, s.next_run_at FROM postjob.postjobs s
-      WHERE s.workflow = g.workflow AND s.workflow_version = g.workflow_version
-        AND s.priority = g.priority AND s.queue = g.queue
-        AND s.status IN ('ready', 'err') AND s.next_run_at <= v_now
-        AND (s.timing_out_at IS NULL OR s.timing_out_at > v_now)
-      ORDER BY s.next_run_at, s.id
-      LIMIT p_limit
-      FOR UPDATE SKIP LOCKED) c
-    WHERE g.pairs = 1 AND NOT g.limited AND g.beside IS NULL
-      AND (p_queues IS NULL OR g.queue = ANY (p_queues))
-  ), taken AS (
-    UPDATE postjob.postjobs j SET
-      status = 'processing',
-      next_run_at = NULL,
-      error = NULL,
-      error_message = NULL,
-      error_backtrace = NULL,
-      awaiting_id = NULL,
-      processing_client = host(inet_client_addr()) || ':' || inet_client_port(),
-      processing_client_identifier = COALESCE(p_identifier, postjob._client_identifier()),
-      processing_started_at = v_now,
-      processing_max_duration = p_lease,
-      lease_expires_at = v_now + p_lease * interval '1 second',
-      lease_token = nextval('postjob.lease_tokens'),
-      worker_id = p_worker_id,
-      updated_at = v_now
-    FROM picked p
-    WHERE j.id = p.id
-    RETURNING j.id, j.lease_token, j.workflow, j.workflow_version, j.args, j.queue, j.root_id,
-              j.full_id, j.parent_id, p.next_run_at AS due
-  )
-  SELECT t.id, t.lease_token, t.workflow, t.workflow_version, t.args, t.queue, t.root_id,
-         t.full_id, t.parent_id
-  FROM taken t
-  ORDER BY t.due, t.id;
-  GET DIAGNOSTICS v_taken = ROW_COUNT;
-  IF v_taken = p_limit THEN
-    RETURN;
-  END IF;
-  -- The rest, if any, ranks below what was just taken (those jobs are processing now): the
-  -- steps of pj0005 pick it.
-  p_limit := p_limit - v_taken;
-  -- Several pairs in one statement: each pair's highest (priority, queue) group (one backward
-  -- descent), the priority of the group below it (one or two more: the next queue of that
-  -- priority, else the next priority) and the top group's due jobs (if its queue is served).
-  -- They are the batch when every pair's top group has the same priority and no limits, and
-  -- either nothing else is runnable or the batch is full and all else ranks lower.
-  SELECT array_agg(c.id ORDER BY c.next_run_at, c.id), count(c.id), max(t.priority),
-         min(t.priority), max(b.priority), bool_or(t.limited)
-    INTO v_candidates, v_found, v_top, v_low, v_unseen, v_limited
+  -- Each pair's highest (priority, queue) group (one backward descent), whether its queue is
+  -- limited, and whether another queue shares its priority (one more descent).
+  SELECT count(*), max(t.priority), max(t.queue), bool_or(t.limited), max(t.beside),
+         max(k.workflow), max(k.workflow_version)
+    INTO v_pairs, v_top, v_queue, v_limited, v_beside, v_workflow, v_version
     FROM postjob._runnable_keys(p_workflows, p_versions) k
     CROSS JOIN LATERAL (
       SELECT s.priority, s.queue,
-             EXISTS (SELECT 1 FROM postjob.queue_limits l WHERE l.queue = s.queue) AS limited
+             EXISTS (SELECT 1 FROM postjob.queue_limits l WHERE l.queue = s.queue) AS limited,
+             (SELECT o.queue FROM postjob.postjobs o
+              WHERE o.workflow = k.workflow AND o.workflow_version = k.workflow_version
+                AND o.status IN ('ready', 'err') AND o.priority = s.priority
+                AND o.queue < s.queue
+              ORDER BY o.queue DESC
+              LIMIT 1) AS beside
       FROM postjob.postjobs s
       WHERE s.workflow = k.workflow AND s.workflow_version = k.workflow_version
         AND s.status IN ('ready', 'err')
       ORDER BY s.priority DESC, s.queue DESC
-      LIMIT 1) t
-    CROSS JOIN LATERAL (
-      SELECT COALESCE(
-        (SELECT s.priority FROM postjob.postjobs s
-         WHERE s.workflow = k.workflow AND s.workflow_version = k.workflow_version
-           AND s.status IN ('ready', 'err') AND s.priority = t.priority AND s.queue < t.queue
-         ORDER BY s.queue DESC
-         LIMIT 1),
-        (SELECT s.priority FROM postjob.postjobs s
-         WHERE s.workflow = k.workflow AND s.workflow_version = k.workflow_version
-           AND s.status IN ('ready', 'err') AND s.priority < t.priority
-         ORDER BY s.priority DESC
-         LIMIT 1)) AS priority
-      OFFSET 0) b  -- once per pair (a projection alone would be pulled up: once per job)
-    LEFT JOIN LATERAL (
-      SELECT s.id, s.next_run_at FROM postjob.postjobs s
-      WHERE (p_queues IS NULL OR t.queue = ANY (p_queues))
-        AND s.workflow = k.workflow AND s.workflow_version = k.workflow_version
-        AND s.priority = t.priority AND s.queue = t.queue
-        AND s.status IN ('ready', 'err') AND s.next_run_at <= v_now
-        AND (s.timing_out_at IS NULL OR s.timing_out_at > v_now)
-      ORDER BY s.next_run_at, s.id
-      LIMIT p_limit) c ON true;
-  IF v_top IS NULL THEN
+      LIMIT 1) t;
+  IF v_pairs = 0 THEN
     RETURN;  -- nothing runnable
   END IF;
-  IF v_top = v_low AND NOT v_limited
-     AND (v_unseen IS NULL OR (v_found >= p_limit AND v_unseen < v_top)) THEN
+  IF v_pairs = 1 THEN
+    IF NOT v_limited AND v_beside IS NULL AND (p_queues IS NULL OR v_queue = ANY (p_queues)) THEN
+      -- The common case: one pair, its highest group alone at its priority, unlimited and
+      -- served, so its due jobs rank first. One statement locks them as it reads the range
+      -- (SKIP LOCKED: jobs another checkout holds are passed, not waited for, and never
+      -- picked first and lost at the lock) and hands out all it locked: a checkout locks only
+      -- the jobs it hands out.
+      RETURN QUERY
+      WITH picked AS (
+        SELECT s.id, s.next_run_at FROM postjob.postjobs s
+        WHERE s.workflow = v_workflow AND s.workflow_version = v_version
+          AND s.priority = v_top AND s.queue = v_queue
+          AND s.status IN ('ready', 'err') AND s.next_run_at <= v_now
+          AND (s.timing_out_at IS NULL OR s.timing_out_at > v_now)
+        ORDER BY s.next_run_at, s.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+      ), taken AS (
+        UPDATE postjob.postjobs j SET
+          status = 'processing',
+          next_run_at = NULL,
+          error = NULL,
+          error_message = NULL,
+          error_backtrace = NULL,
+          awaiting_id = NULL,
+          processing_client = host(inet_client_addr()) || ':' || inet_client_port(),
+          processing_client_identifier = COALESCE(p_identifier, postjob._client_identifier()),
+          processing_started_at = v_now,
+          processing_max_duration = p_lease,
+          lease_expires_at = v_now + p_lease * interval '1 second',
+          lease_token = nextval('postjob.lease_tokens'),
+          worker_id = p_worker_id,
+          updated_at = v_now
+        -- by id (a join with picked may be planned as a scan of the table when it is small)
+        WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+        RETURNING j.id, j.lease_token, j.workflow, j.workflow_version, j.args, j.queue,
+                  j.root_id, j.full_id, j.parent_id
+      )
+      SELECT t.id, t.lease_token, t.workflow, t.workflow_version, t.args, t.queue, t.root_id,
+             t.full_id, t.parent_id
+      FROM taken t
+      JOIN picked p ON p.id = t.id
+      ORDER BY p.next_run_at, p.id;  -- a batch runs its most urgent jobs first
+      GET DIAGNOSTICS v_taken = ROW_COUNT;
+      IF v_taken = p_limit OR NOT EXISTS (
+          SELECT 1 FROM postjob.postjobs s
+          WHERE s.workflow = v_workflow AND s.workflow_version = v_version
+            AND s.status IN ('ready', 'err') AND s.priority < v_top) THEN
+        RETURN;  -- full, or nothing ranks below the group
+      END IF;
+      p_limit := p_limit - v_taken;  -- the rest, from the levels below: the walk
+    END IF;
+  ELSE
+    -- Several pairs in one statement: each pair's highest (priority, queue) group, the
+    -- priority of the group below it (the next queue of that priority, else the next
+    -- priority) and the top group's due jobs (if its queue is served). They are the batch
+    -- when every pair's top group has the same priority and no limits, and either nothing
+    -- else is runnable or the batch is full and all else ranks lower (as pj0005).
+    SELECT array_agg(c.id ORDER BY c.next_run_at, c.id), count(c.id), max(t.priority),
+           min(t.priority), max(b.priority), bool_or(t.limited)
+      INTO v_candidates, v_found, v_top, v_low, v_unseen, v_limited
+      FROM postjob._runnable_keys(p_workflows, p_versions) k
+      CROSS JOIN LATERAL (
+        SELECT s.priority, s.queue,
+               EXISTS (SELECT 1 FROM postjob.queue_limits l WHERE l.queue = s.queue) AS limited
+        FROM postjob.postjobs s
+        WHERE s.workflow = k.workflow AND s.workflow_version = k.workflow_version
+          AND s.status IN ('ready', 'err')
+        ORDER BY s.priority DESC, s.queue DESC
+        LIMIT 1) t
+      CROSS JOIN LATERAL (
+        SELECT COALESCE(
+          (SELECT s.priority FROM postjob.postjobs s
+           WHERE s.workflow = k.workflow AND s.workflow_version = k.workflow_version
+             AND s.status IN ('ready', 'err') AND s.priority = t.priority AND s.queue < t.queue
+           ORDER BY s.queue DESC
+           LIMIT 1),
+          (SELECT s.priority FROM postjob.postjobs s
+           WHERE s.workflow = k.workflow AND s.workflow_version = k.workflow_version
+             AND s.status IN ('ready', 'err') AND s.priority < t.priority
+           ORDER BY s.priority DESC
+           LIMIT 1)) AS priority
+        OFFSET 0) b  -- once per pair (a projection alone would be pulled up: once per job)
+      LEFT JOIN LATERAL (
+        SELECT s.id, s.next_run_at FROM postjob.postjobs s
+        WHERE (p_queues IS NULL OR t.queue = ANY (p_queues))
+          AND s.workflow = k.workflow AND s.workflow_version = k.workflow_version
+          AND s.priority = t.priority AND s.queue = t.queue
+          AND s.status IN ('ready', 'err') AND s.next_run_at <= v_now
+          AND (s.timing_out_at IS NULL OR s.timing_out_at > v_now)
+        ORDER BY s.next_run_at, s.id
+        LIMIT p_limit) c ON true;
+    v_read := v_top = v_low AND NOT v_limited
+              AND (v_unseen IS NULL OR (v_found >= p_limit AND v_unseen < v_top));
+  END IF;
+  IF v_read THEN
     v_candidates := v_candidates[1:p_limit];
     IF v_candidates IS NULL THEN
       RETURN;
