@@ -111,17 +111,8 @@ BEGIN
       -- (SKIP LOCKED: jobs another checkout holds are passed, not waited for, and never
       -- picked first and lost at the lock) and hands out all it locked: a checkout locks only
       -- the jobs it hands out.
-      RETURN QUERY
-      WITH picked AS (
-        SELECT s.id, s.next_run_at FROM postjob.postjobs s
-        WHERE s.workflow = v_workflow AND s.workflow_version = v_version
-          AND s.priority = v_top AND s.queue = v_queue
-          AND s.status IN ('ready', 'err') AND s.next_run_at <= v_now
-          AND (s.timing_out_at IS NULL OR s.timing_out_at > v_now)
-        ORDER BY s.next_run_at, s.id
-        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED
-      ), taken AS (
+      IF p_limit = 1 THEN  -- one job: nothing to order, no join
+        RETURN QUERY
         UPDATE postjob.postjobs j SET
           status = 'processing',
           next_run_at = NULL,
@@ -137,22 +128,64 @@ BEGIN
           lease_token = nextval('postjob.lease_tokens'),
           worker_id = p_worker_id,
           updated_at = v_now
-        -- by id (a join with picked may be planned as a scan of the table when it is small)
-        WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+        WHERE j.id = (
+          SELECT s.id FROM postjob.postjobs s
+          WHERE s.workflow = v_workflow AND s.workflow_version = v_version
+            AND s.priority = v_top AND s.queue = v_queue
+            AND s.status IN ('ready', 'err') AND s.next_run_at <= v_now
+            AND (s.timing_out_at IS NULL OR s.timing_out_at > v_now)
+          ORDER BY s.next_run_at, s.id
+          LIMIT 1
+          FOR UPDATE SKIP LOCKED)
         RETURNING j.id, j.lease_token, j.workflow, j.workflow_version, j.args, j.queue,
-                  j.root_id, j.full_id, j.parent_id
-      )
-      SELECT t.id, t.lease_token, t.workflow, t.workflow_version, t.args, t.queue, t.root_id,
-             t.full_id, t.parent_id
-      FROM taken t
-      JOIN picked p ON p.id = t.id
-      ORDER BY p.next_run_at, p.id;  -- a batch runs its most urgent jobs first
+                  j.root_id, j.full_id, j.parent_id;
+      ELSE
+        RETURN QUERY
+        WITH picked AS (
+          SELECT s.id, s.next_run_at FROM postjob.postjobs s
+          WHERE s.workflow = v_workflow AND s.workflow_version = v_version
+            AND s.priority = v_top AND s.queue = v_queue
+            AND s.status IN ('ready', 'err') AND s.next_run_at <= v_now
+            AND (s.timing_out_at IS NULL OR s.timing_out_at > v_now)
+          ORDER BY s.next_run_at, s.id
+          LIMIT p_limit
+          FOR UPDATE SKIP LOCKED
+        ), taken AS (
+          UPDATE postjob.postjobs j SET
+            status = 'processing',
+            next_run_at = NULL,
+            error = NULL,
+            error_message = NULL,
+            error_backtrace = NULL,
+            awaiting_id = NULL,
+            processing_client = host(inet_client_addr()) || ':' || inet_client_port(),
+            processing_client_identifier = COALESCE(p_identifier, postjob._client_identifier()),
+            processing_started_at = v_now,
+            processing_max_duration = p_lease,
+            lease_expires_at = v_now + p_lease * interval '1 second',
+            lease_token = nextval('postjob.lease_tokens'),
+            worker_id = p_worker_id,
+            updated_at = v_now
+          -- by id (a join with picked may be planned as a scan of the table when it is small)
+          WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+          RETURNING j.id, j.lease_token, j.workflow, j.workflow_version, j.args, j.queue,
+                    j.root_id, j.full_id, j.parent_id
+        )
+        SELECT t.id, t.lease_token, t.workflow, t.workflow_version, t.args, t.queue, t.root_id,
+               t.full_id, t.parent_id
+        FROM taken t
+        JOIN picked p ON p.id = t.id
+        ORDER BY p.next_run_at, p.id;  -- a batch runs its most urgent jobs first
+      END IF;
       GET DIAGNOSTICS v_taken = ROW_COUNT;
-      IF v_taken = p_limit OR NOT EXISTS (
+      IF v_taken = p_limit THEN
+        RETURN;
+      END IF;
+      IF NOT EXISTS (
           SELECT 1 FROM postjob.postjobs s
           WHERE s.workflow = v_workflow AND s.workflow_version = v_version
             AND s.status IN ('ready', 'err') AND s.priority < v_top) THEN
-        RETURN;  -- full, or nothing ranks below the group
+        RETURN;  -- nothing ranks below the group
       END IF;
       p_limit := p_limit - v_taken;  -- the rest, from the levels below: the walk
     END IF;
