@@ -11,7 +11,8 @@ with 10,000 jobs for tomorrow at a higher priority) and batch size (1 and 100), 
 gets the same fill and the checkouts go round robin, one call per database in turn, through the
 worker's cycle statement (the same text in every version since pj0002). Interleaving cancels
 the drift of a busy machine that separate runs, minutes apart, do not. Trees whose schema has
-no priorities (before pj0004) take part in the first shape only. Prints the median per version
+no priorities (before pj0004) take part in the first shape only, or, with ``--same-jobs``, in
+every shape on the same jobs without their priorities. Prints the median per version
 and its ratio to the first version given.
 """
 
@@ -51,7 +52,8 @@ def _install(tree: Path, url: str) -> None:
                    env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
 
 
-def _fill(cur: Any, ready: int, shape: str) -> None:
+def _fill(cur: Any, ready: int, shape: str, priorities: bool = True) -> None:
+    """The shape's jobs; a schema without priorities gets the same jobs without them."""
     cur.execute("DELETE FROM postjob.postjobs WHERE status <> 'ok'")
     due = "now() - interval '1 hour' + g * interval '1 ms'"
     if shape == "zero":
@@ -60,12 +62,16 @@ def _fill(cur: Any, ready: int, shape: str) -> None:
                     (ready,))
     else:
         queue = "'default'" if shape == "levels" else "'q' || (g %% 3)"
-        cur.execute("INSERT INTO postjob.postjobs (workflow, args, next_run_at, priority, queue) "
-                    f"SELECT 'noop', jsonb_build_array(g), {due}, g %% 10, {queue} "
+        level = ", priority" if priorities else ""
+        value = ", g %% 10" if priorities else ""
+        cur.execute(f"INSERT INTO postjob.postjobs (workflow, args, next_run_at{level}, queue) "
+                    f"SELECT 'noop', jsonb_build_array(g), {due}{value}, {queue} "
                     "FROM generate_series(1, %s) g", (ready,))
     if shape == "future":
-        cur.execute("INSERT INTO postjob.postjobs (workflow, priority, next_run_at) "
-                    "SELECT 'noop', 100, now() + interval '1 day' FROM generate_series(1, 10000)")
+        level = ", priority" if priorities else ""
+        value = ", 100" if priorities else ""
+        cur.execute(f"INSERT INTO postjob.postjobs (workflow, next_run_at{level}) "
+                    f"SELECT 'noop', now() + interval '1 day'{value} FROM generate_series(1, 10000)")
     cur.execute("VACUUM ANALYZE postjob.postjobs")
 
 
@@ -75,6 +81,10 @@ def main() -> int:
     parser.add_argument("--dsn-base", default="postgresql://root@127.0.0.1:5432")
     parser.add_argument("--finished", type=int, default=1_000_000)
     parser.add_argument("--calls", type=int, default=1500, help="checkouts of 1 job per version")
+    parser.add_argument("--same-jobs", action="store_true",
+                        help="trees without priorities take part in every shape, on the same "
+                        "jobs without their priorities (what a checkout costs with priorities "
+                        "in use against the code before them, table for table)")
     opts = parser.parse_args()
 
     import psycopg2
@@ -98,10 +108,10 @@ def main() -> int:
 
     names = list(curs)
     for shape, label in SHAPES.items():
-        taking = [n for n in names if shape == "zero" or priorities[n]]
+        taking = [n for n in names if shape == "zero" or priorities[n] or opts.same_jobs]
         for limit, calls in ((1, opts.calls), (100, max(opts.calls // 10, 20))):
             for n in taking:
-                _fill(curs[n], calls * limit + 1000, shape)
+                _fill(curs[n], calls * limit + 1000, shape, priorities[n])
             times: dict[str, list[float]] = {n: [] for n in taking}
             for _ in range(calls):
                 for n in taking:
