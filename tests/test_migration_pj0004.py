@@ -7,43 +7,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import URL, Engine, create_engine, text
+from sqlalchemy import URL, Engine, text
 from sqlalchemy.orm import Session
 
 import postjob_sa
-from tests.conftest import create_clone, drop_database
-
-CATALOG = text("""
-SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(pg_get_functiondef(p.oid))
-  FROM pg_proc p WHERE p.pronamespace = 'postjob'::regnamespace
-UNION ALL SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = 'postjob'
-UNION ALL SELECT 'column ' || table_name || '.' || column_name || ' ' || data_type || ' '
-                 || coalesce(column_default, '') || ' ' || is_nullable
-  FROM information_schema.columns WHERE table_schema = 'postjob'
-UNION ALL SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid)
-  FROM pg_constraint WHERE connamespace = 'postjob'::regnamespace
-UNION ALL SELECT 'enum ' || string_agg(enumlabel, ',' ORDER BY enumsortorder)
-  FROM pg_enum WHERE enumtypid = 'postjob.statuses'::regtype
-UNION ALL SELECT 'table ' || tablename FROM pg_tables WHERE schemaname = 'postjob'
-UNION ALL SELECT 'trigger ' || tgname || ' ' || pg_get_triggerdef(oid) FROM pg_trigger
-  WHERE tgrelid = 'postjob.postjobs'::regclass AND NOT tgisinternal
-ORDER BY 1
-""")
+from tests.revisions import catalog, live_and_fresh
 
 
 @pytest.fixture
 def scratch(server_url: URL, template_db: str) -> Iterator[tuple[Engine, Engine]]:
-    urls = [create_clone(server_url, "template0", f"pj0004_{n}") for n in ("live", "fresh")]
-    engines = [create_engine(u) for u in urls]
-    yield engines[0], engines[1]
-    for eng, url in zip(engines, urls, strict=True):
-        eng.dispose()
-        drop_database(server_url, url)
-
-
-def _catalog(engine: Engine) -> list[str]:
-    with engine.connect() as conn:
-        return [r[0] for r in conn.execute(CATALOG)]
+    with live_and_fresh(server_url, "pj0004") as engines:
+        yield engines
 
 
 def _status(conn: object, job_id: int) -> str:
@@ -57,7 +31,7 @@ def test_pj0004_upgrades_a_live_pj0003_database_and_downgrades_exactly(
     live, fresh = scratch
     postjob_sa.migrate(live, "pj0003")
     postjob_sa.migrate(fresh, "pj0003")
-    pj0003 = _catalog(fresh)
+    pj0003 = catalog(fresh)
     with live.begin() as conn:  # work in flight: due jobs, a running one, a sleeping parent
         conn.execute(text("INSERT INTO postjob.postjobs (workflow, args) "
                           "SELECT 'w', jsonb_build_array(g) FROM generate_series(1, 5) g"))
@@ -95,7 +69,7 @@ def test_pj0004_upgrades_a_live_pj0003_database_and_downgrades_exactly(
         assert _status(conn, child) == "failed"
         assert conn.execute(text("SELECT error FROM postjob.postjobs WHERE id = :i"),
                             {"i": child}).scalar_one() == "Cancelled"
-    assert _catalog(live) == pj0003
+    assert catalog(live) == pj0003
     postjob_sa.migrate(live, "pj0004")  # and up again
     with live.connect() as conn:
         assert conn.execute(text("SELECT postjob.schema_version()")).scalar_one() == "pj0004"

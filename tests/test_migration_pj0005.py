@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import URL, Connection, Engine, create_engine, text
+from sqlalchemy import URL, Connection, Engine, text
 
 import postjob_sa
-from tests.conftest import create_clone, drop_database
-from tests.test_migration_pj0004 import CATALOG
+from tests.revisions import catalog, live_and_fresh
 
 CHECKOUT = text(
     "SELECT id, lease_token, queue FROM postjob.checkout_v2(NULL, 'test', ARRAY['w'], "
@@ -24,17 +23,8 @@ FINISH = text(
 
 @pytest.fixture
 def scratch(server_url: URL, template_db: str) -> Iterator[tuple[Engine, Engine]]:
-    urls = [create_clone(server_url, "template0", f"pj0005_{n}") for n in ("live", "fresh")]
-    engines = [create_engine(u) for u in urls]
-    yield engines[0], engines[1]
-    for eng, url in zip(engines, urls, strict=True):
-        eng.dispose()
-        drop_database(server_url, url)
-
-
-def _catalog(engine: Engine) -> list[str]:
-    with engine.connect() as conn:
-        return [r[0] for r in conn.execute(CATALOG)]
+    with live_and_fresh(server_url, "pj0005") as engines:
+        yield engines
 
 
 def _checkout(conn: Connection, limit: int) -> list[tuple[int, int, str]]:
@@ -47,7 +37,7 @@ def test_pj0005_upgrades_a_live_pj0004_database_and_downgrades_exactly(
     live, fresh = scratch
     postjob_sa.migrate(live, "pj0004")
     postjob_sa.migrate(fresh, "pj0004")
-    pj0004 = _catalog(fresh)
+    pj0004 = catalog(fresh)
     with live.begin() as conn:  # work in flight: two jobs of a queue limited to 2 running
         conn.execute(text("INSERT INTO postjob.queue_limits (queue, concurrency) "
                           "VALUES ('lim', 2)"))
@@ -68,7 +58,7 @@ def test_pj0005_upgrades_a_live_pj0004_database_and_downgrades_exactly(
     with live.begin() as conn:
         assert [q for _, _, q in _checkout(conn, 10)] == ["lim"]  # one place free
     postjob_sa.downgrade(live, "pj0004")
-    assert _catalog(live) == pj0004
+    assert catalog(live) == pj0004
     with live.begin() as conn:  # pj0004's checkout counts through its index again
         assert _checkout(conn, 10) == []
     postjob_sa.migrate(live, "pj0005")  # and up again
