@@ -7,11 +7,12 @@ Each NAME=TREE is a checkout of this repository (``git worktree add /tmp/pj0004 
 its own schema is installed by its own code into a database of its own (pjbench_ab_NAME), with
 ``--finished`` finished jobs in the table. Then, for each table shape (as in bench/features.py:
 priority 0 only; ten priorities in one queue; ten priorities across three queues; the same
-with 10,000 jobs for tomorrow at a higher priority) and batch size (1 and 100), every database
+with 10,000 jobs for tomorrow at a higher priority; priority 0 in four workflows the worker
+serves) and batch size (1 and 100), every database
 gets the same fill and the checkouts go round robin, one call per database in turn, through the
 worker's cycle statement (the same text in every version since pj0002). Interleaving cancels
 the drift of a busy machine that separate runs, minutes apart, do not. Trees whose schema has
-no priorities (before pj0004) take part in the first shape only, or, with ``--same-jobs``, in
+no priorities (before pj0004) take part in the priority 0 shapes only, or, with ``--same-jobs``, in
 every shape on the same jobs without their priorities. Prints the median per version
 and its ratio to the first version given.
 """
@@ -35,12 +36,17 @@ SHAPES = {
     "levels": "10 priorities, 1 queue",
     "queues": "10 priorities, 3 queues",
     "future": "... and 10,000 for tomorrow",
+    "pairs": "priority 0, 4 workflows",
 }
+
+#: the workflows a worker serves in each shape (its cycle is given all of them)
+WORKFLOWS = {"pairs": "ARRAY['noop', 'noop1', 'noop2', 'noop3']::text[], "
+                      "ARRAY['', '', '', '']::text[]"}
 
 CYCLE = (
     "SELECT kind, id FROM postjob.worker_cycle(NULL::bigint, 'bench'::varchar, '{}'::bigint[], "
     "'{}'::bigint[], '{}'::text[], '{}'::jsonb[], '{}'::text[], '{}'::text[], '{}'::jsonb[], "
-    "'{}'::text[], '{}'::bigint[], ARRAY['noop']::text[], ARRAY['']::text[], NULL::text[], "
+    "'{}'::text[], '{}'::bigint[], {workflows}, NULL::text[], "
     "%(limit)s::integer, 60::float8, false, false)"
 )
 
@@ -56,7 +62,11 @@ def _fill(cur: Any, ready: int, shape: str, priorities: bool = True) -> None:
     """The shape's jobs; a schema without priorities gets the same jobs without them."""
     cur.execute("DELETE FROM postjob.postjobs WHERE status <> 'ok'")
     due = "now() - interval '1 hour' + g * interval '1 ms'"
-    if shape == "zero":
+    if shape == "pairs":  # one backlog of four workflows (a worker serves all it knows)
+        cur.execute("INSERT INTO postjob.postjobs (workflow, args, next_run_at) "
+                    "SELECT CASE g %% 4 WHEN 0 THEN 'noop' ELSE 'noop' || g %% 4 END, jsonb_build_array(g), "
+                    f"{due} FROM generate_series(1, %s) g", (ready,))
+    elif shape == "zero":
         cur.execute("INSERT INTO postjob.postjobs (workflow, args, next_run_at) "
                     f"SELECT 'noop', jsonb_build_array(g), {due} FROM generate_series(1, %s) g",
                     (ready,))
@@ -85,6 +95,8 @@ def main() -> int:
                         help="trees without priorities take part in every shape, on the same "
                         "jobs without their priorities (what a checkout costs with priorities "
                         "in use against the code before them, table for table)")
+    parser.add_argument("--shapes", default=",".join(SHAPES),
+                        help=f"which table shapes, comma-separated (of {', '.join(SHAPES)})")
     opts = parser.parse_args()
 
     import psycopg2
@@ -107,8 +119,12 @@ def main() -> int:
         curs[name] = cur
 
     names = list(curs)
-    for shape, label in SHAPES.items():
-        taking = [n for n in names if shape == "zero" or priorities[n] or opts.same_jobs]
+    for shape in opts.shapes.split(","):
+        label = SHAPES[shape]
+        taking = [n for n in names
+                  if shape in ("zero", "pairs") or priorities[n] or opts.same_jobs]
+        cycle = CYCLE.replace("{workflows}", WORKFLOWS.get(
+            shape, "ARRAY['noop']::text[], ARRAY['']::text[]"))
         for limit, calls in ((1, opts.calls), (100, max(opts.calls // 10, 20))):
             for n in taking:
                 _fill(curs[n], calls * limit + 1000, shape, priorities[n])
@@ -116,7 +132,7 @@ def main() -> int:
             for _ in range(calls):
                 for n in taking:
                     t0 = time.perf_counter()
-                    curs[n].execute(CYCLE, {"limit": limit})
+                    curs[n].execute(cycle, {"limit": limit})
                     got = len(curs[n].fetchall())
                     times[n].append(time.perf_counter() - t0)
                     assert got == limit, (n, shape, got)
