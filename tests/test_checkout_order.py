@@ -3,9 +3,10 @@ ones (served pairs and queues, due, not timing out, allowed by the queue limits)
 priority first, then earliest due, then oldest. Checked on many random tables small enough to
 cover every shape the checkout treats apart: one group or several, several queues at the
 highest priority, a highest group with nothing due, served and unserved queues, limited queues,
-several workflows and pinned versions; and tables where one (workflow, version) pair holds every
+several workflows and pinned versions; tables where one (workflow, version) pair holds every
 job, the shape pj0006 takes in one statement, planned as usual and with nested loops off (its
-batch comes in checkout order whatever the join)."""
+batch comes in checkout order whatever the join); and tables where each pair's jobs form one
+group, at priorities of their own (pj0007 reads several pairs' highest groups at once)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ CHECKOUT = text(
 
 
 def _scenario(
-    rng: random.Random, one_pair: bool = False
+    rng: random.Random, one_pair: bool = False, one_group: bool = False
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, int]]:
     levels = rng.choice([[0], [0], [0, 1], [0, 5, -1], [2, 7]])
     queues = rng.choice([["default"], ["default"], ["a", "b"], ["a", "b", "c"]])
@@ -75,13 +76,18 @@ def _scenario(
     if one_pair:  # every job of one served pair
         for job in jobs:
             job["workflow"], job["version"] = served[0], ""
+    if one_group:  # each pair's jobs in one (priority, queue) group of its own choosing
+        groups: dict[tuple[str, str], tuple[int, str]] = {}
+        for job in jobs:
+            job["priority"], job["queue"] = groups.setdefault(
+                (job["workflow"], job["version"]), (rng.choice(levels), rng.choice(queues)))
     return jobs, call, limits
 
 
 def _check(
-    conn: Connection, rng: random.Random, one_pair: bool = False
+    conn: Connection, rng: random.Random, one_pair: bool = False, one_group: bool = False
 ) -> tuple[list[int], list[int], Any]:
-    jobs, call, limits = _scenario(rng, one_pair)
+    jobs, call, limits = _scenario(rng, one_pair, one_group)
     for job in jobs:
         conn.execute(INSERT, job)
     for queue, concurrency in limits.items():
@@ -114,6 +120,20 @@ def test_checkout_of_one_pair_gives_what_the_definition_gives(engine: Engine) ->
         assert got == expected, (n, case)
 
 
+def test_checkout_of_pairs_with_one_group_each_gives_what_the_definition_gives(
+    engine: Engine,
+) -> None:
+    # several pairs, each alone at its priority: pj0007's read of their highest groups
+    rng = random.Random(20261204)
+    for n in range(300):
+        with engine.connect() as conn:
+            try:
+                expected, got, case = _check(conn, rng, one_group=True)
+            finally:
+                conn.rollback()
+        assert got == expected, (n, case)
+
+
 def test_a_batch_comes_in_checkout_order_whatever_the_join(engine: Engine) -> None:
     rng = random.Random(20261203)
     fresh = create_engine(engine.url, poolclass=NullPool)  # a session that plans anew
@@ -128,3 +148,42 @@ def test_a_batch_comes_in_checkout_order_whatever_the_join(engine: Engine) -> No
                 assert got == expected, (n, case)
     finally:
         fresh.dispose()
+
+
+#: The shapes checkout hands out without pj0004's walk of the levels: (jobs as (workflow,
+#: priority, queue) groups of three, workflows served, batch size), and one that needs it.
+SHAPES = [
+    ([("co.a", 0, "default")], ["co.a"], 2),  # one pair's backlog
+    ([("co.a", 0, "default"), ("co.b", 0, "default")], ["co.a", "co.b"], 10),  # all of two
+    ([("co.a", 5, "default"), ("co.b", 0, "default")], ["co.a", "co.b"], 3),  # full from the top
+]
+WALKED = ([("co.a", 0, "a"), ("co.a", 0, "b")], ["co.a"], 2)  # two queues share the priority
+
+
+def _walks(conn: Connection, groups: list[tuple[str, int, str]], served: list[str],
+           limit: int) -> bool:
+    conn.execute(text("SET LOCAL track_functions = 'all'"))
+    for workflow, priority, queue in groups:
+        conn.execute(text(
+            "INSERT INTO postjob.postjobs (workflow, priority, queue, next_run_at) "
+            "SELECT :w, :p, :q, now() - g * interval '1 minute' FROM generate_series(1, 3) g"),
+            {"w": workflow, "p": priority, "q": queue})
+    calls = text("SELECT coalesce(pg_stat_get_xact_function_calls("
+                 "'postjob._due_jobs'::regproc), 0)")
+    call = {"workflows": served, "versions": [""] * len(served), "queues": None, "limit": limit}
+    expected = [r[0] for r in conn.execute(EXPECTED, call)]
+    before = conn.execute(calls).scalar_one()
+    assert [r[0] for r in conn.execute(CHECKOUT, call)] == expected
+    return bool(conn.execute(calls).scalar_one() > before)
+
+
+def test_the_common_shapes_are_checked_out_without_the_walk(engine: Engine) -> None:
+    with engine.connect() as conn:
+        try:
+            assert _walks(conn, *WALKED)  # the counter counts
+            conn.rollback()
+            for shape in SHAPES:
+                assert not _walks(conn, *shape), shape
+                conn.rollback()
+        finally:
+            conn.rollback()
