@@ -27,14 +27,9 @@ SHOP = ROOT / "tests" / "shop" / "app"
 ADOPTION = "0ba0f0330356"
 #: ... the one `alembic revision --autogenerate` wrote next (orders.fulfil_job_id) ...
 FULFIL_JOB = "85a938654cea"
-#: ... the one `postjob db revision` wrote when the shop upgraded postjob_sa (to pj0003) ...
-UPGRADE = "5c2d81e07a44"
-#: ... the one it wrote at the next upgrade (pj0003 to pj0004) ...
-UPGRADE_AGAIN = "4b5e394ca18a"
-#: ... the one after that (pj0004 to pj0005) ...
-UPGRADE_THIRD = "9a9e5cf938d9"
-#: ... and the next (pj0005 to pj0006, the head)
-UPGRADE_FOURTH = "5053e053e126"
+#: ... and the ones `postjob db revision` wrote at each upgrade of postjob_sa since, oldest first
+#: (our schema to pj0003, pj0004, pj0005, pj0006 and pj0007, the head)
+UPGRADES = ("5c2d81e07a44", "4b5e394ca18a", "9a9e5cf938d9", "5053e053e126", "a709e11b25d7")
 BEFORE_ADOPTION = "shop0003"
 
 

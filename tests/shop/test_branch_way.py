@@ -21,10 +21,7 @@ from tests.shop.conftest import (
     ADOPTION,
     BEFORE_ADOPTION,
     FULFIL_JOB,
-    UPGRADE,
-    UPGRADE_AGAIN,
-    UPGRADE_FOURTH,
-    UPGRADE_THIRD,
+    UPGRADES,
     Shop,
     heads,
     installed,
@@ -41,7 +38,7 @@ BRANCH_WAY = (
 
 
 def test_branch_way_on_the_existing_history(shop: Shop, shop_db: Engine) -> None:
-    shop.forget(UPGRADE_FOURTH, UPGRADE_THIRD, UPGRADE_AGAIN, UPGRADE, FULFIL_JOB, ADOPTION)  # the shop before it adopted postjob_sa
+    shop.forget(*reversed(UPGRADES), FULFIL_JOB, ADOPTION)  # the shop before it adopted postjob_sa
     command.upgrade(shop.cfg(), BEFORE_ADOPTION)
     place_orders(shop_db)
 
@@ -95,4 +92,4 @@ def test_path_separator_os_loses_the_apps_own_revisions(shop: Shop) -> None:
               BRANCH_WAY.replace("path_separator = space", "path_separator = os"))
     assert ScriptDirectory.from_config(shop.cfg()).get_heads() == []
     shop.edit(shop.ini, "path_separator = os", "path_separator = space")
-    assert sorted(ScriptDirectory.from_config(shop.cfg()).get_heads()) == sorted([UPGRADE_FOURTH, HEAD])
+    assert sorted(ScriptDirectory.from_config(shop.cfg()).get_heads()) == sorted([UPGRADES[-1], HEAD])

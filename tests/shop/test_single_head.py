@@ -24,10 +24,7 @@ from tests.shop.conftest import (
     ADOPTION,
     BEFORE_ADOPTION,
     FULFIL_JOB,
-    UPGRADE,
-    UPGRADE_AGAIN,
-    UPGRADE_FOURTH,
-    UPGRADE_THIRD,
+    UPGRADES,
     Shop,
     heads,
     installed,
@@ -46,7 +43,7 @@ def test_upgrade_head_adopts_postjob_into_the_existing_history(shop: Shop, shop_
     assert installed(shop_db) is None
 
     command.upgrade(shop.cfg(), "head")
-    assert heads(shop_db) == (UPGRADE_FOURTH,)
+    assert heads(shop_db) == (UPGRADES[-1],)
     assert installed(shop_db) == HEAD
     assert "postjob_alembic_version" not in tables(shop_db)
     assert scalar(shop_db, "SELECT string_agg(status, ',' ORDER BY id) FROM orders") == "new,new"
@@ -70,13 +67,13 @@ def test_upgrade_head_adopts_postjob_into_the_existing_history(shop: Shop, shop_
     assert scalar(shop_db, "SELECT count(*) FROM orders") == 2
 
     command.upgrade(shop.cfg(), "head")
-    assert heads(shop_db) == (UPGRADE_FOURTH,)
+    assert heads(shop_db) == (UPGRADES[-1],)
     assert installed(shop_db) == HEAD
 
     # each upgrade of postjob_sa was one more revision: stepping back one undoes only the last
     command.downgrade(shop.cfg(), "-1")
-    assert heads(shop_db) == (UPGRADE_THIRD,)
-    assert installed(shop_db) == "pj0005"
+    assert heads(shop_db) == (UPGRADES[-2],)
+    assert installed(shop_db) == revisions()[-2]
     command.upgrade(shop.cfg(), "head")
     assert installed(shop_db) == HEAD
 
@@ -100,7 +97,7 @@ def _without_date(source: str) -> str:
 
 def test_postjob_db_revision_writes_the_adoption_revision(shop: Shop) -> None:
     committed = shop.revision_file(ADOPTION).read_text()
-    shop.forget(UPGRADE_FOURTH, UPGRADE_THIRD, UPGRADE_AGAIN, UPGRADE, FULFIL_JOB, ADOPTION)
+    shop.forget(*reversed(UPGRADES), FULFIL_JOB, ADOPTION)
 
     res = postjob("db", "revision", "--rev-id", ADOPTION, "--to", "pj0001", cwd=shop.dir)
     assert res.returncode == 0, res.stderr
@@ -117,7 +114,7 @@ def test_postjob_db_revision_writes_the_adoption_revision(shop: Shop) -> None:
 
 
 def test_postjob_db_revision_refuses_what_it_cannot_write(shop: Shop, tmp_path: Path) -> None:
-    shop.forget(UPGRADE_FOURTH, UPGRADE_THIRD, UPGRADE_AGAIN, UPGRADE, FULFIL_JOB, ADOPTION)
+    shop.forget(*reversed(UPGRADES), FULFIL_JOB, ADOPTION)
     before = sorted(shop.versions.iterdir())
     assert_bad_input(postjob("db", "revision", cwd=tmp_path), "no Alembic configuration at alembic.ini")
     res = postjob("db", "revision", "--to", "pj9999", "--alembic-ini", str(shop.ini))
@@ -161,7 +158,7 @@ def test_offline_sql_builds_the_same_database(
     script = capsys.readouterr().out
     assert "CREATE SCHEMA IF NOT EXISTS postjob" in script and "CREATE TABLE orders" in script
     _run_script(shop_db, script)
-    assert heads(shop_db) == (UPGRADE_FOURTH,)
+    assert heads(shop_db) == (UPGRADES[-1],)
     assert installed(shop_db) == HEAD
     command.check(shop.cfg("compare=postjob"))
 
@@ -190,7 +187,7 @@ def _one_more_revision(shop: Shop, engine: Engine, to: str, capsys: pytest.Captu
                        compare_ours: bool = True) -> str:
     """The shop, adopted at pj0001 and running, upgrades postjob_sa: one more revision of its
     own takes our schema to ``to``. Returns the offline SQL of that revision."""
-    shop.forget(UPGRADE_FOURTH, UPGRADE_THIRD, UPGRADE_AGAIN, UPGRADE)  # written again here, the way a newer release writes it
+    shop.forget(*reversed(UPGRADES))  # written again here, the way a newer release writes it
     command.upgrade(shop.cfg(), "head")
     with engine.begin() as conn:  # a job of the pj0001 schema (this code enqueues for the head)
         job_id = conn.execute(text("INSERT INTO postjob.postjobs (workflow, args) "
