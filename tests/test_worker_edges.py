@@ -266,3 +266,60 @@ def test_deadlocks_are_tried_again_a_bounded_number_of_times(
             conn.execute(text("DROP FUNCTION edge_deadlock()"))
             conn.execute(text("DROP TABLE edge_deadlock_count"))
             conn.execute(text("DROP SEQUENCE edge_deadlocks"))
+
+
+CHECKOUT_DEADLOCK_TRIGGER = """
+CREATE OR REPLACE FUNCTION edge_checkout_deadlock() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF nextval('edge_deadlocks') <= (SELECT n FROM edge_deadlock_count) THEN
+    RAISE EXCEPTION 'deadlock detected (a test)' USING ERRCODE = 'deadlock_detected';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER edge_checkout_deadlock BEFORE UPDATE ON postjob.postjobs
+  FOR EACH ROW WHEN (NEW.status = 'processing' AND OLD.status <> 'processing')
+  EXECUTE FUNCTION edge_checkout_deadlock();
+"""
+
+
+@pytest.mark.parametrize("deadlocks", [6, 1000])
+def test_a_checkout_that_deadlocks_is_tried_again_by_the_loop_a_bounded_number_of_times(
+    engine: Engine, clean: None, caplog: pytest.LogCaptureFixture, deadlocks: int,
+) -> None:
+    # 6: more than the cycle's own retries (3), fewer than the loop's turns (10)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE SEQUENCE edge_deadlocks"))
+        conn.execute(text("CREATE TABLE edge_deadlock_count (n int)"))
+        conn.execute(text("INSERT INTO edge_deadlock_count VALUES (:n)"), {"n": deadlocks})
+        conn.execute(text(CHECKOUT_DEADLOCK_TRIGGER))
+    try:
+        with Session(engine) as s:
+            job_id = JobQueue(s, registry=reg).enqueue(echo, "fine").id
+            s.commit()
+        errors: list[BaseException] = []
+
+        def drain() -> None:
+            try:
+                with Session(engine) as s:
+                    JobQueue(s, fast_mode=True, registry=reg).drain()
+            except Exception as exc:
+                errors.append(exc)
+
+        with caplog.at_level(logging.WARNING, logger="postjob_sa.worker"):
+            worker = threading.Thread(target=drain)
+            worker.start()
+            worker.join(60)
+        assert not worker.is_alive(), "the worker retries a deadlock for ever"
+        if deadlocks == 6:
+            assert errors == [] and _statuses(engine)[job_id] == ("ok", 0)
+        else:  # it gives up and says why; the job waits for the next worker
+            assert len(errors) == 1 and "deadlock detected" in str(errors[0])
+            assert _statuses(engine)[job_id][0] == "ready"
+        assert "trying again" in caplog.text
+        assert "database unreachable" not in caplog.text
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER edge_checkout_deadlock ON postjob.postjobs"))
+            conn.execute(text("DROP FUNCTION edge_checkout_deadlock()"))
+            conn.execute(text("DROP TABLE edge_deadlock_count"))
+            conn.execute(text("DROP SEQUENCE edge_deadlocks"))

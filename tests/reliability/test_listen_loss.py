@@ -1,9 +1,12 @@
 """The worker's LISTEN connection (its own, which it also checks out with) is killed
 (pg_terminate_backend) under a steady stream of jobs: the worker reconnects, LISTENs again,
-keeps taking jobs, and wake-ups stay fast."""
+keeps taking jobs, and wake-ups stay fast. The supervisor's relay, its LISTEN killed, listens
+again and wakes an idle child (a job may have come while nobody listened)."""
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -12,6 +15,8 @@ from sqlalchemy import URL, Engine, text
 from sqlalchemy.orm import Session
 
 from postjob_sa import JobQueue
+from postjob_sa._wakeup import IDLE, WAKE
+from postjob_sa.cli._relay import Relay
 from tests.reliability.conftest import WorkerProcess, report, scalar, wait_for, wait_listening
 
 PERIOD = 0.02  # one job every 20 ms
@@ -93,3 +98,25 @@ def test_worker_keeps_working_and_relistens_when_listen_is_killed(
     report(f"listen loss: {len(KILLS)} kills under {1 / PERIOD:.0f} jobs/s; re-LISTEN after "
            f"{', '.join(f'{r * 1000:.0f}' for r in relisten)} ms; {total} jobs, wake-up latency "
            f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {worst:.1f} ms")
+
+
+def test_the_relay_listens_again_and_wakes_an_idle_child(runs: Engine) -> None:
+    relay = Relay(runs, poll_interval=30.0, name="postjob relay test")
+    child = socket.socket(fileno=os.dup(relay.add(1)))
+    relay.started(1)
+    try:
+        child.send(IDLE)
+        relay.serve(0.2)  # listens, and counts the child idle
+        assert relay.conn is not None and relay.idle == [1] and relay.wakes == 0
+        with runs.begin() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE application_name = 'postjob relay test'"))
+        deadline = time.monotonic() + 10
+        while relay.wakes == 0 and time.monotonic() < deadline:
+            relay.serve(0.1)  # notices the loss, then listens again after a pause
+        assert relay.conn is not None and relay.wakes == 1
+        child.settimeout(1.0)
+        assert child.recv(1) == WAKE
+    finally:
+        child.close()
+        relay.close()
