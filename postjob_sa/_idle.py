@@ -95,10 +95,8 @@ class Idle:
         if timeout <= 0 or self.stopper.requested:
             self.waker.not_waiting()
             return
-        self.stopper.waiting = True
         try:
-            self.waker.wait(conn, timeout, self.stopper.wake_fd())
+            with self.stopper.pausing():
+                self.waker.wait(conn, timeout, self.stopper.wake_fd())
         except WakeUp:
             self.waker.not_waiting()
-        finally:
-            self.stopper.waiting = False

@@ -38,6 +38,24 @@ class Stopper:
         self._signals = 0
         self._pipe: tuple[int, int] | None = None
 
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Around running jobs (or waiting for them to end): only a second signal stops them."""
+        self.in_job = True
+        try:
+            yield
+        finally:
+            self.in_job = False
+
+    @contextmanager
+    def pausing(self) -> Iterator[None]:
+        """Around a pause of the loop: a signal breaks it at once (:class:`WakeUp`)."""
+        self.waiting = True
+        try:
+            yield
+        finally:
+            self.waiting = False
+
     def wake_fd(self) -> int:
         """A descriptor that becomes readable when a stop is asked for from another thread."""
         if self._pipe is None:

@@ -19,12 +19,13 @@ from typing import Any
 from sqlalchemy import Engine
 
 from postjob_sa import _metrics
-from postjob_sa._db import Conn, Failure, close_quietly, failure
+from postjob_sa._db import Conn, close_quietly
 from postjob_sa._executor import Outcome, run_job, run_job_async
 from postjob_sa._idle import Idle
 from postjob_sa._keeper import Keeper
 from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
 from postjob_sa._options import WorkerOptions
+from postjob_sa._outages import Outages
 from postjob_sa._recorder import Recorder, job_fields
 from postjob_sa._runner import JobLoop, Slots
 from postjob_sa._scheduler import Scheduler
@@ -36,10 +37,6 @@ from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.registry import Registry
 
 log = logging.getLogger("postjob_sa.worker")
-
-RECONNECT_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
-#: Deadlocks met by a checkout in a row before the worker gives up.
-TRANSIENT_LIMIT = 10
 
 
 class Worker:
@@ -166,8 +163,7 @@ class Worker:
         return self.stop_requested or (count is not None and self.started >= count)
 
     def _loop(self) -> None:
-        failures = 0
-        transient = 0
+        outages = Outages()
         while not self._done():
             try:
                 self._connect()
@@ -177,7 +173,7 @@ class Worker:
                 did = self._transactional_step() if self.tx_pairs[0] else 0
                 if self.lease_pairs[0] and not self._done():
                     did += self._fill_slots() if self.slots else self._lease_batch()
-                failures = transient = 0
+                outages.passed()
                 if did:
                     self.idle.worked()
                     continue
@@ -193,30 +189,20 @@ class Worker:
             except WakeUp:
                 continue
             except Exception as exc:
-                kind = failure(exc)
-                message = " ".join(str(exc).split())[:300]
-                if kind is Failure.TRANSIENT and transient < TRANSIENT_LIMIT:
-                    transient += 1
-                    log.warning("%s: trying again", message)
-                    self._sleep(0.05 * transient)
-                    continue
-                if kind is not Failure.CONNECTION:
+                plan = outages.plan(exc)  # logged there
+                if plan is None:
                     raise
-                delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
-                failures += 1
-                log.warning("database unreachable (%s); reconnecting in %.2fs", message, delay)
-                _metrics.reconnected()
-                self._disconnect()
-                self._sleep(delay)
+                pause, reconnect = plan
+                if reconnect:
+                    self._disconnect()
+                self._sleep(pause)
 
     def _sleep(self, seconds: float) -> None:
-        self.stopper.waiting = True
         try:
-            time.sleep(seconds)
+            with self.stopper.pausing():
+                time.sleep(seconds)
         except WakeUp:
             pass
-        finally:
-            self.stopper.waiting = False
 
     # -- what an idle worker asks for ------------------------------------------------------
 
@@ -272,23 +258,20 @@ class Worker:
         wf = self.registry.workflows[job.workflow]
         assert self.conn is not None
         ctx = _RunContext(job, db=self.conn, lost=self.keeper.is_lost)
-        self.stopper.in_job = True
         future = None
         try:
-            if not wf.is_async:
-                return run_job(ctx, wf)
-            future = self.job_loop().submit(run_job_async(ctx, wf))
-            return future.result()
+            with self.stopper.running():
+                if not wf.is_async:
+                    return run_job(ctx, wf)
+                future = self.job_loop().submit(run_job_async(ctx, wf))
+                return future.result()
         except Abort:
-            self.stopper.in_job = False
             if future is not None:
                 future.cancel()
             log.warning("job %s interrupted: released for another run", job.id)
             self._release([job, *rest])
             self._flush()
             raise
-        finally:
-            self.stopper.in_job = False
 
     def _take_interrupt(self) -> BaseException:
         interrupt, self._interrupt = self._interrupt, None
@@ -355,11 +338,8 @@ class Worker:
         assert self.slots is not None
         if self.stopper.aborted:
             raise Abort()
-        self.stopper.in_job = True  # a second signal hands the running jobs back
-        try:
+        with self.stopper.running():  # a second signal hands the running jobs back
             self.slots.wait(free, max(0.01, min(self.keeper.seconds_to_beat(), 1.0)))
-        finally:
-            self.stopper.in_job = False
 
     def _finish_running(self) -> None:
         """After the loop: hand back the jobs no slot has begun, let the running ones end (a
@@ -393,14 +373,11 @@ class Worker:
             params = {"worker_id": self.keeper.worker_id, "identifier": self.opts.identifier,
                       "workflows": names, "versions": versions, "queues": self.opts.queues,
                       "limit": 1, "lease": self.opts.lease}
-            self.stopper.in_job = True
-            try:
+            with self.stopper.running():
                 if is_async:
                     job_id = self.job_loop().submit(self.tx_runner.step_async(params)).result()
                 else:
                     job_id = self.tx_runner.step(params)
-            finally:
-                self.stopper.in_job = False
             if job_id is not None:
                 self.waker.backlog()  # it asked for one and got it
                 self.started += 1

@@ -23,6 +23,7 @@ from sqlalchemy import Engine
 
 from postjob_sa import _sql
 from postjob_sa._db import Conn, close_quietly
+from postjob_sa._outages import Backoff
 from postjob_sa._wakeup import BUSY, IDLE, MORE, WAKE
 
 log = logging.getLogger("postjob_sa.cli")
@@ -42,7 +43,7 @@ class Relay:
         self._their_ends: dict[int, socket.socket] = {}
         self.idle: list[int] = []  # most recently idle last
         self.wakes = 0
-        self._failures = 0
+        self._backoff = Backoff(RECONNECT_DELAYS)
         self._connect_at = 0.0
         self._next_poll = time.monotonic() + poll_interval
 
@@ -149,17 +150,15 @@ class Relay:
         except Exception as exc:
             self._lost(exc)
             return
-        if self._failures:
+        if self._backoff.reset():
             log.warning("listening for jobs again")
             self.wake("a reconnect (notifications may have been missed)")
-        self._failures = 0
         self.conn = conn
 
     def _lost(self, exc: Exception) -> None:
         close_quietly(self.conn)
         self.conn = None
-        delay = RECONNECT_DELAYS[min(self._failures, len(RECONNECT_DELAYS) - 1)]
-        self._failures += 1
+        delay = self._backoff.next()
         self._connect_at = time.monotonic() + delay
         log.warning("the supervisor cannot listen for jobs (%s); trying again in %.1fs "
                     "(the workers look at the queue at least every 30 s meanwhile)",
