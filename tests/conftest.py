@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session
 
@@ -86,10 +86,24 @@ def template_db(server_url: URL) -> str:
                 finally:
                     tpl.dispose()
                 conn.execute(text(f'ALTER DATABASE "{building}" RENAME TO "{name}"'))
+                _drop_old_templates(conn)
         finally:
             conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LOCK_KEY})
     admin.dispose()
     return name
+
+
+#: Templates kept besides the newest (other checkouts of the code may be testing with them).
+KEPT_TEMPLATES = 3
+
+
+def _drop_old_templates(conn: Connection) -> None:
+    """Each revision set builds a template of its own: keep the few newest, not every one."""
+    old = conn.execute(text(
+        "SELECT datname FROM pg_database WHERE datname ~ '^postjob_tpl_[0-9a-f]{12}$' "
+        "ORDER BY oid DESC OFFSET :keep"), {"keep": KEPT_TEMPLATES + 1}).scalars().all()
+    for stale in old:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{stale}" WITH (FORCE)'))
 
 
 def create_clone(server_url: URL, template: str, label: str) -> URL:
