@@ -11,6 +11,13 @@ from sqlalchemy import URL, Engine, create_engine, text
 
 from tests.conftest import create_clone, drop_database
 
+#: Records one job's outcome ``ok`` under its lease token (``:i``, ``:t``): the lease holds.
+FINISH = text(
+    "SELECT postjob.finish_jobs(ARRAY[:i]::bigint[], ARRAY[:t]::bigint[], ARRAY['ok'], "
+    "ARRAY['[1]'::jsonb], ARRAY[NULL], ARRAY[NULL], ARRAY[NULL::jsonb], ARRAY[''], "
+    "ARRAY[NULL::bigint])")
+VERSION = text("SELECT postjob.schema_version()")
+
 CATALOG = text("""
 SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(pg_get_functiondef(p.oid))
   FROM pg_proc p WHERE p.pronamespace = 'postjob'::regnamespace

@@ -10,15 +10,11 @@ import pytest
 from sqlalchemy import URL, Connection, Engine, text
 
 import postjob_sa
-from tests.revisions import catalog, live_and_fresh
+from tests.revisions import FINISH, VERSION, catalog, live_and_fresh
 
 CHECKOUT = text(
     "SELECT id, lease_token, queue FROM postjob.checkout_v2(NULL, 'test', ARRAY['w'], "
     "ARRAY[''], NULL, :limit, 60)")
-FINISH = text(
-    "SELECT postjob.finish_jobs(ARRAY[:i]::bigint[], ARRAY[:t]::bigint[], ARRAY['ok'], "
-    "ARRAY['[1]'::jsonb], ARRAY[NULL], ARRAY[NULL], ARRAY[NULL::jsonb], ARRAY[''], "
-    "ARRAY[NULL::bigint])")
 
 
 @pytest.fixture
@@ -49,7 +45,7 @@ def test_pj0005_upgrades_a_live_pj0004_database_and_downgrades_exactly(
                           "SELECT 'w', jsonb_build_array(g), 'free' FROM generate_series(1, 3) g"))
     postjob_sa.migrate(live, "pj0005")
     with live.begin() as conn:
-        assert conn.execute(text("SELECT postjob.schema_version()")).scalar_one() == "pj0005"
+        assert conn.execute(VERSION).scalar_one() == "pj0005"
         # the limit still counts the two running since before: only the free jobs come
         assert sorted(q for _, _, q in _checkout(conn, 10)) == ["free"] * 3
     with live.begin() as conn:
@@ -63,4 +59,4 @@ def test_pj0005_upgrades_a_live_pj0004_database_and_downgrades_exactly(
         assert _checkout(conn, 10) == []
     postjob_sa.migrate(live, "pj0005")  # and up again
     with live.connect() as conn:
-        assert conn.execute(text("SELECT postjob.schema_version()")).scalar_one() == "pj0005"
+        assert conn.execute(VERSION).scalar_one() == "pj0005"

@@ -10,16 +10,11 @@ import pytest
 from sqlalchemy import URL, Connection, Engine, text
 
 import postjob_sa
-from tests.revisions import catalog, live_and_fresh
+from tests.revisions import FINISH, VERSION, catalog, live_and_fresh
 
 CHECKOUT = text(
     "SELECT id, lease_token FROM postjob.checkout_v2(NULL, 'test', ARRAY['w'], ARRAY[''], "
     "NULL, :limit, 60)")
-FINISH = text(
-    "SELECT postjob.finish_jobs(ARRAY[:i]::bigint[], ARRAY[:t]::bigint[], ARRAY['ok'], "
-    "ARRAY['[1]'::jsonb], ARRAY[NULL], ARRAY[NULL], ARRAY[NULL::jsonb], ARRAY[''], "
-    "ARRAY[NULL::bigint])")
-VERSION = text("SELECT postjob.schema_version()")
 
 
 @pytest.fixture
