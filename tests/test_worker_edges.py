@@ -4,6 +4,7 @@ interrupted job, the engine's own connection settings, and errors the database r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import threading
@@ -215,19 +216,35 @@ def test_a_value_the_database_refuses_fails_that_job_and_no_other(
 
 
 DEADLOCK_TRIGGER = """
-CREATE OR REPLACE FUNCTION edge_deadlock() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION edge_deadlock() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   -- a sequence counts the deadlocks raised (nextval survives the rollback they cause)
-  IF NEW.results = '["deadlock"]'::jsonb THEN
-    IF nextval('edge_deadlocks') <= (SELECT n FROM edge_deadlock_count) THEN
-      RAISE EXCEPTION 'deadlock detected (a test)' USING ERRCODE = 'deadlock_detected';
-    END IF;
+  IF nextval('edge_deadlocks') <= (SELECT n FROM edge_deadlock_count) THEN
+    RAISE EXCEPTION 'deadlock detected (a test)' USING ERRCODE = 'deadlock_detected';
   END IF;
   RETURN NEW;
 END $$;
 CREATE TRIGGER edge_deadlock BEFORE UPDATE ON postjob.postjobs
-  FOR EACH ROW EXECUTE FUNCTION edge_deadlock();
+  FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION edge_deadlock();
 """
+
+
+@contextlib.contextmanager
+def _deadlocks(engine: Engine, count: int, when: str) -> Iterator[None]:
+    """The first ``count`` updates of a job row that match ``when`` (SQL) fail as deadlocks."""
+    with engine.begin() as conn:
+        conn.execute(text("CREATE SEQUENCE edge_deadlocks"))
+        conn.execute(text("CREATE TABLE edge_deadlock_count (n int)"))
+        conn.execute(text("INSERT INTO edge_deadlock_count VALUES (:n)"), {"n": count})
+        conn.execute(text(DEADLOCK_TRIGGER.format(when=when)))
+    try:
+        yield
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER edge_deadlock ON postjob.postjobs"))
+            conn.execute(text("DROP FUNCTION edge_deadlock()"))
+            conn.execute(text("DROP TABLE edge_deadlock_count"))
+            conn.execute(text("DROP SEQUENCE edge_deadlocks"))
 
 
 @pytest.mark.parametrize(("deadlocks", "expected"), [(2, ("ok", 0)), (1000, ("failed", 1))])
@@ -235,12 +252,7 @@ def test_deadlocks_are_tried_again_a_bounded_number_of_times(
     engine: Engine, clean: None, caplog: pytest.LogCaptureFixture,
     deadlocks: int, expected: tuple[str, int],
 ) -> None:
-    with engine.begin() as conn:
-        conn.execute(text("CREATE SEQUENCE edge_deadlocks"))
-        conn.execute(text("CREATE TABLE edge_deadlock_count (n int)"))
-        conn.execute(text("INSERT INTO edge_deadlock_count VALUES (:n)"), {"n": deadlocks})
-        conn.execute(text(DEADLOCK_TRIGGER))
-    try:
+    with _deadlocks(engine, deadlocks, """NEW.results = '["deadlock"]'::jsonb"""):
         with Session(engine) as s:
             q = JobQueue(s, fast_mode=True, registry=reg, batch_size=2)
             ids = [q.enqueue(echo, v).id for v in ("deadlock", "fine")]
@@ -260,26 +272,6 @@ def test_deadlocks_are_tried_again_a_bounded_number_of_times(
         assert [statuses[i] for i in ids] == [expected, ("ok", 0)]
         assert "trying again" in caplog.text
         assert "database unreachable" not in caplog.text  # a deadlock is not a lost connection
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text("DROP TRIGGER edge_deadlock ON postjob.postjobs"))
-            conn.execute(text("DROP FUNCTION edge_deadlock()"))
-            conn.execute(text("DROP TABLE edge_deadlock_count"))
-            conn.execute(text("DROP SEQUENCE edge_deadlocks"))
-
-
-CHECKOUT_DEADLOCK_TRIGGER = """
-CREATE OR REPLACE FUNCTION edge_checkout_deadlock() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF nextval('edge_deadlocks') <= (SELECT n FROM edge_deadlock_count) THEN
-    RAISE EXCEPTION 'deadlock detected (a test)' USING ERRCODE = 'deadlock_detected';
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER edge_checkout_deadlock BEFORE UPDATE ON postjob.postjobs
-  FOR EACH ROW WHEN (NEW.status = 'processing' AND OLD.status <> 'processing')
-  EXECUTE FUNCTION edge_checkout_deadlock();
-"""
 
 
 @pytest.mark.parametrize("deadlocks", [6, 1000])
@@ -287,12 +279,7 @@ def test_a_checkout_that_deadlocks_is_tried_again_by_the_loop_a_bounded_number_o
     engine: Engine, clean: None, caplog: pytest.LogCaptureFixture, deadlocks: int,
 ) -> None:
     # 6: more than the cycle's own retries (3), fewer than the loop's turns (10)
-    with engine.begin() as conn:
-        conn.execute(text("CREATE SEQUENCE edge_deadlocks"))
-        conn.execute(text("CREATE TABLE edge_deadlock_count (n int)"))
-        conn.execute(text("INSERT INTO edge_deadlock_count VALUES (:n)"), {"n": deadlocks})
-        conn.execute(text(CHECKOUT_DEADLOCK_TRIGGER))
-    try:
+    with _deadlocks(engine, deadlocks, "NEW.status = 'processing' AND OLD.status <> 'processing'"):
         with Session(engine) as s:
             job_id = JobQueue(s, registry=reg).enqueue(echo, "fine").id
             s.commit()
@@ -317,9 +304,3 @@ def test_a_checkout_that_deadlocks_is_tried_again_by_the_loop_a_bounded_number_o
             assert _statuses(engine)[job_id][0] == "ready"
         assert "trying again" in caplog.text
         assert "database unreachable" not in caplog.text
-    finally:
-        with engine.begin() as conn:
-            conn.execute(text("DROP TRIGGER edge_checkout_deadlock ON postjob.postjobs"))
-            conn.execute(text("DROP FUNCTION edge_checkout_deadlock()"))
-            conn.execute(text("DROP TABLE edge_deadlock_count"))
-            conn.execute(text("DROP SEQUENCE edge_deadlocks"))
