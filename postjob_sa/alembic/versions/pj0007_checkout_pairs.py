@@ -87,11 +87,10 @@ BEGIN
   -- Each pair's highest (priority, queue) group (one backward descent), whether its queue is
   -- limited, and whether another queue shares its priority (one more descent); the groups are
   -- kept for the read of several pairs.
-  SELECT count(*), max(t.priority), max(t.queue), bool_or(t.limited),
-         max(t.beside) IS NOT NULL, max(k.workflow), max(k.workflow_version),
+  SELECT count(*), max(t.priority), bool_or(t.limited), max(t.beside) IS NOT NULL,
          array_agg(k.workflow), array_agg(k.workflow_version), array_agg(t.priority),
          array_agg(t.queue)
-    INTO v_pairs, v_top, v_queue, v_limited, v_shared, v_workflow, v_version,
+    INTO v_pairs, v_top, v_limited, v_shared,
          v_workflows, v_versions, v_group_priorities, v_group_queues
     FROM postjob._runnable_keys(p_workflows, p_versions) k
     CROSS JOIN LATERAL (
@@ -113,6 +112,9 @@ BEGIN
     RETURN;  -- nothing runnable
   END IF;
   IF v_pairs = 1 THEN
+    v_workflow := v_workflows[1];
+    v_version := v_versions[1];
+    v_queue := v_group_queues[1];
     IF NOT v_limited AND NOT v_shared AND (p_queues IS NULL OR v_queue = ANY (p_queues)) THEN
       -- The common case: one pair, its highest group alone at its priority, unlimited and
       -- served, so its due jobs rank first. One statement locks them as it reads the range
