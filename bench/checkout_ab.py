@@ -8,13 +8,12 @@ its own schema is installed by its own code into a database of its own (pjbench_
 ``--finished`` finished jobs in the table. Then, for each table shape (as in bench/features.py:
 priority 0 only; ten priorities in one queue; ten priorities across three queues; the same
 with 10,000 jobs for tomorrow at a higher priority; priority 0 in four workflows the worker
-serves) and batch size (1 and 100), every database
-gets the same fill and the checkouts go round robin, one call per database in turn, through the
-worker's cycle statement (the same text in every version since pj0002). Interleaving cancels
-the drift of a busy machine that separate runs, minutes apart, do not. Trees whose schema has
-no priorities (before pj0004) take part in the priority 0 shapes only, or, with ``--same-jobs``, in
-every shape on the same jobs without their priorities. Prints the median per version
-and its ratio to the first version given.
+serves) and batch size (1 and 100), every database gets the same fill and the checkouts go
+round robin, one call per database in turn, through the worker's cycle statement (the same text
+in every version since pj0002). Interleaving cancels the drift of a busy machine that separate
+runs, minutes apart, do not. Trees whose schema has no priorities (before pj0004) take part in
+the priority 0 shapes only, or, with ``--same-jobs``, in every shape on the same jobs without
+their priorities. Prints the median per version and its ratio to the first version given.
 """
 
 from __future__ import annotations
@@ -64,8 +63,8 @@ def _fill(cur: Any, ready: int, shape: str, priorities: bool = True) -> None:
     due = "now() - interval '1 hour' + g * interval '1 ms'"
     if shape == "pairs":  # one backlog of four workflows (a worker serves all it knows)
         cur.execute("INSERT INTO postjob.postjobs (workflow, args, next_run_at) "
-                    "SELECT CASE g %% 4 WHEN 0 THEN 'noop' ELSE 'noop' || g %% 4 END, jsonb_build_array(g), "
-                    f"{due} FROM generate_series(1, %s) g", (ready,))
+                    "SELECT CASE g %% 4 WHEN 0 THEN 'noop' ELSE 'noop' || g %% 4 END, "
+                    f"jsonb_build_array(g), {due} FROM generate_series(1, %s) g", (ready,))
     elif shape == "zero":
         cur.execute("INSERT INTO postjob.postjobs (workflow, args, next_run_at) "
                     f"SELECT 'noop', jsonb_build_array(g), {due} FROM generate_series(1, %s) g",

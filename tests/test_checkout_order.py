@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
@@ -98,37 +99,23 @@ def _check(
     return expected, got, (jobs, call, limits)
 
 
-def test_checkout_gives_what_the_definition_gives_on_random_tables(engine: Engine) -> None:
-    rng = random.Random(20261201)
-    for n in range(400):
-        with engine.connect() as conn:
-            try:
-                expected, got, case = _check(conn, rng)
-            finally:
-                conn.rollback()
-        assert got == expected, (n, case)
-
-
-def test_checkout_of_one_pair_gives_what_the_definition_gives(engine: Engine) -> None:
-    rng = random.Random(20261202)
-    for n in range(300):
-        with engine.connect() as conn:
-            try:
-                expected, got, case = _check(conn, rng, one_pair=True)
-            finally:
-                conn.rollback()
-        assert got == expected, (n, case)
-
-
-def test_checkout_of_pairs_with_one_group_each_gives_what_the_definition_gives(
-    engine: Engine,
+@pytest.mark.parametrize(
+    ("seed", "tables", "one_pair", "one_group"),
+    [
+        (20261201, 400, False, False),  # anything
+        (20261202, 300, True, False),  # one pair holds every job: pj0006's one statement
+        (20261204, 300, False, True),  # each pair alone at its priority: pj0007's read
+    ],
+    ids=["any", "one_pair", "one_group_each"],
+)
+def test_checkout_gives_what_the_definition_gives_on_random_tables(
+    engine: Engine, seed: int, tables: int, one_pair: bool, one_group: bool,
 ) -> None:
-    # several pairs, each alone at its priority: pj0007's read of their highest groups
-    rng = random.Random(20261204)
-    for n in range(300):
+    rng = random.Random(seed)
+    for n in range(tables):
         with engine.connect() as conn:
             try:
-                expected, got, case = _check(conn, rng, one_group=True)
+                expected, got, case = _check(conn, rng, one_pair, one_group)
             finally:
                 conn.rollback()
         assert got == expected, (n, case)
@@ -178,12 +165,10 @@ def _walks(conn: Connection, groups: list[tuple[str, int, str]], served: list[st
 
 
 def test_the_common_shapes_are_checked_out_without_the_walk(engine: Engine) -> None:
-    with engine.connect() as conn:
-        try:
-            assert _walks(conn, *WALKED)  # the counter counts
-            conn.rollback()
-            for shape in SHAPES:
-                assert not _walks(conn, *shape), shape
+    # the shape that needs the walk first: the counter counts
+    for shape, walked in [(WALKED, True), *((shape, False) for shape in SHAPES)]:
+        with engine.connect() as conn:
+            try:
+                assert _walks(conn, *shape) is walked, shape
+            finally:
                 conn.rollback()
-        finally:
-            conn.rollback()
