@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/checkout_ab.py before=/tmp/before-pj0004 pj0004=/tmp/pj0004 now=.
         [--dsn-base postgresql://root@127.0.0.1:5432] [--finished 1000000] [--calls 1500]
+        [--vacuum-every N] [--shapes zero,levels,...] [--same-jobs]
 
 Each NAME=TREE is a checkout of this repository (``git worktree add /tmp/pj0004 <commit>``):
 its own schema is installed by its own code into a database of its own (pjbench_ab_NAME), with
@@ -13,7 +14,8 @@ round robin, one call per database in turn, through the worker's cycle statement
 in every version since pj0002). Interleaving cancels the drift of a busy machine that separate
 runs, minutes apart, do not. Trees whose schema has no priorities (before pj0004) take part in
 the priority 0 shapes only, or, with ``--same-jobs``, in every shape on the same jobs without
-their priorities. Prints the median per version and its ratio to the first version given.
+their priorities. Nothing vacuums between calls unless ``--vacuum-every`` says so (then outside
+the timing). Prints the median per version and its ratio to the first version given.
 """
 
 from __future__ import annotations
@@ -94,6 +96,10 @@ def main() -> int:
                         help="trees without priorities take part in every shape, on the same "
                         "jobs without their priorities (what a checkout costs with priorities "
                         "in use against the code before them, table for table)")
+    parser.add_argument("--vacuum-every", type=int, default=0, metavar="N",
+                        help="VACUUM each table every N rounds, outside the timing (0: never, "
+                        "so the jobs taken leave their index entries behind, as in a drain "
+                        "between two visits of autovacuum)")
     parser.add_argument("--shapes", default=",".join(SHAPES),
                         help=f"which table shapes, comma-separated (of {', '.join(SHAPES)})")
     opts = parser.parse_args()
@@ -128,7 +134,10 @@ def main() -> int:
             for n in taking:
                 _fill(curs[n], calls * limit + 1000, shape, priorities[n])
             times: dict[str, list[float]] = {n: [] for n in taking}
-            for _ in range(calls):
+            for call in range(calls):
+                if opts.vacuum_every and call and call % opts.vacuum_every == 0:
+                    for n in taking:
+                        curs[n].execute("VACUUM postjob.postjobs")
                 for n in taking:
                     t0 = time.perf_counter()
                     curs[n].execute(cycle, {"limit": limit})
