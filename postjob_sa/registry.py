@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from postjob_sa import _validate
-from postjob_sa._scheduler import ScheduleSpec
+from postjob_sa._schedule import ScheduleSpec
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.models import MANUAL_WORKFLOW
 

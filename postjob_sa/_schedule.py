@@ -1,0 +1,97 @@
+"""When a periodic workflow runs: a cron expression in a time zone, or every N seconds.
+
+Ticks are a function of the schedule alone (cron times in the schedule's time zone, or whole
+multiples of ``every`` seconds since the Unix epoch), so every worker computes the same ones.
+``_scheduler`` claims them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from postjob_sa.errors import InvalidArgument
+
+#: With skip_missed, a tick claimed later than this after its time is skipped (or half the
+#: time to the next tick, when that is shorter).
+MISSED_GRACE = 60.0
+#: The shortest interval of ``every``.
+MIN_EVERY = 1.0
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """When a periodic workflow runs: a cron expression in a time zone, or every N seconds."""
+
+    cron: str | None = None
+    timezone: str | None = None
+    every: float | None = None
+    skip_missed: bool = False
+
+    @classmethod
+    def build(cls, cron: str | None, tz: str | None, every: float | None,
+              skip_missed: bool) -> ScheduleSpec | None:
+        """Validated, or None without cron and every; InvalidArgument when malformed."""
+        if cron is None and every is None:
+            if tz is not None or skip_missed:
+                raise InvalidArgument("timezone and skip_missed need cron= or every=")
+            return None
+        if cron is not None and every is not None:
+            raise InvalidArgument("a workflow runs by cron= or every=, not both")
+        if not isinstance(skip_missed, bool):
+            raise InvalidArgument(f"skip_missed must be True or False, not {skip_missed!r}")
+        if every is not None:
+            if tz is not None:
+                raise InvalidArgument("timezone applies to cron= only (every= counts seconds)")
+            if (isinstance(every, bool) or not isinstance(every, (int, float))
+                    or not math.isfinite(every) or not MIN_EVERY <= every <= 366 * 86400):
+                raise InvalidArgument(
+                    f"every must be a number of seconds from {MIN_EVERY:g} to a year, not {every!r}")
+            return cls(every=float(every), skip_missed=skip_missed)
+        if not isinstance(cron, str):
+            raise InvalidArgument(f"cron must be a cron expression string, not {cron!r}")
+        zone = "UTC" if tz is None else tz
+        try:
+            ZoneInfo(zone)
+        except (ZoneInfoNotFoundError, ValueError, TypeError):
+            raise InvalidArgument(f"unknown time zone {tz!r} (use an IANA name such as "
+                                  "'Europe/Paris')") from None
+        try:
+            CronSim(cron, datetime.now(UTC))
+        except CronSimError as exc:
+            raise InvalidArgument(f"bad cron expression {cron!r}: {exc}") from None
+        return cls(cron=cron, timezone=zone, skip_missed=skip_missed)
+
+    def latest(self, now: datetime) -> datetime:
+        """The most recent tick at or before ``now``."""
+        if self.every is not None:
+            epoch = now.timestamp()
+            return datetime.fromtimestamp(math.floor(epoch / self.every) * self.every, UTC)
+        assert self.cron is not None
+        local = now.astimezone(ZoneInfo(self.timezone or "UTC")) + timedelta(microseconds=1)
+        tick: datetime = next(CronSim(self.cron, local, reverse=True))
+        return tick
+
+    def following(self, after: datetime) -> datetime:
+        """The first tick after ``after``."""
+        if self.every is not None:
+            epoch = after.timestamp()
+            return datetime.fromtimestamp((math.floor(epoch / self.every) + 1) * self.every,
+                                          UTC)
+        assert self.cron is not None
+        tick: datetime = next(CronSim(self.cron, after.astimezone(ZoneInfo(self.timezone or "UTC"))))
+        return tick
+
+    def grace(self, tick: datetime) -> float:
+        """How late a tick may be claimed and still run, with skip_missed."""
+        interval = (self.following(tick) - tick).total_seconds()
+        return min(MISSED_GRACE, interval / 2)
+
+    def describe(self) -> str:
+        if self.every is not None:
+            return f"every {self.every:g}s"
+        return f"{self.cron} ({self.timezone})"
