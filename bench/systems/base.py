@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from bench.harness.workers import Gate
+    from bench.harness.gate import Gate
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from bench.systems.base import (
 )
 
 if TYPE_CHECKING:
-    from bench.harness.workers import Gate
+    from bench.harness.gate import Gate
 
 NOOP = "bench.noop"
 FAN_PARENT = "bench.fan_parent"

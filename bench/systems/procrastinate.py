@@ -19,7 +19,7 @@ from bench.systems._aio import LoopProducer, Send, timed_loop
 from bench.systems.base import DrainCheck, EnqueueVariant, Options, System, WorkerConfig
 
 if TYPE_CHECKING:
-    from bench.harness.workers import Gate
+    from bench.harness.gate import Gate
 
 TASK = "bench_noop"
 

@@ -29,7 +29,7 @@ from bench.systems.base import (
 )
 
 if TYPE_CHECKING:
-    from bench.harness.workers import Gate
+    from bench.harness.gate import Gate
 
 CHANNEL = "raw_job_added"
 
