@@ -103,6 +103,9 @@ def main() -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES),
                         help=f"which table shapes, comma-separated (of {', '.join(SHAPES)})")
     opts = parser.parse_args()
+    unknown = set(opts.shapes.split(",")) - set(SHAPES)
+    if unknown:
+        parser.error(f"unknown shape(s) {', '.join(sorted(unknown))} (of {', '.join(SHAPES)})")
 
     import psycopg2
 
