@@ -83,7 +83,7 @@ def main() -> int:
 
     import postjob_sa
     from postjob_sa import _sql
-    from postjob_sa._executor import finish_params
+    from postjob_sa.worker.executor import finish_params
 
     url = pg.fresh_database(opts.dsn_base, DB)
     postjob_sa.migrate(url.replace("postgresql://", "postgresql+psycopg2://", 1))

@@ -2,7 +2,7 @@
 
 Ticks are a function of the schedule alone (cron times in the schedule's time zone, or whole
 multiples of ``every`` seconds since the Unix epoch), so every worker computes the same ones.
-``_scheduler`` claims them.
+``postjob_sa.worker.scheduler`` claims them.
 """
 
 from __future__ import annotations

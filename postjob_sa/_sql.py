@@ -177,7 +177,7 @@ JOB_FORCE = text("SELECT postjob.force_job(CAST(:id AS bigint))")
 
 JOBS_REAP = text("SELECT postjob.reap_v2()")
 
-# -- jobs no running worker knows (postjob_sa._unknown) --------------------------------------
+# -- jobs no running worker knows (postjob_sa.worker.unknown) --------------------------------
 
 #: The workflows of due jobs that no live worker has registered, with how many jobs are due for
 #: each, most first. The distinct workflows of runnable jobs are found by a loose index scan of

@@ -20,11 +20,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from postjob_sa._db import check_session_driver
-from postjob_sa._worker import Worker
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.models import Job
 from postjob_sa.queue import DEFAULT_LEASE, JobQueue
 from postjob_sa.registry import Registry
+from postjob_sa.worker.loop import Worker
 
 P = ParamSpec("P")
 R = TypeVar("R")

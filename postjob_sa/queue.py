@@ -17,15 +17,15 @@ from sqlalchemy.orm import Session, make_transient_to_detached
 
 from postjob_sa import _metrics, _sql, _validate
 from postjob_sa._db import check_driver, worker_identifier
-from postjob_sa._executor import MAX_MESSAGE_CHARS, Outcome, error_name, finish_params
 from postjob_sa._migrations import schema_checked
 from postjob_sa._operations import JobOperations
-from postjob_sa._options import WorkerOptions
-from postjob_sa._wakeup import wakeup_url_of
-from postjob_sa._worker import Worker
 from postjob_sa.errors import InvalidArgument, InvalidJobState
 from postjob_sa.models import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MANUAL_WORKFLOW, Job, Status
 from postjob_sa.registry import Registry, Workflow, default_registry
+from postjob_sa.worker.executor import MAX_MESSAGE_CHARS, Outcome, error_name, finish_params
+from postjob_sa.worker.loop import Worker
+from postjob_sa.worker.options import WorkerOptions
+from postjob_sa.worker.wakeup import wakeup_url_of
 
 DEFAULT_LEASE = 60.0
 #: An enqueue with a unique key inserts again when the key's holder finished meanwhile.

@@ -20,9 +20,10 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 import postjob_sa
-from postjob_sa import Job, JobQueue, Registry, Status, _unknown
+from postjob_sa import Job, JobQueue, Registry, Status
 from postjob_sa._migrations import check_revision, schema_error
 from postjob_sa.context import ChildHandle, RunningJob, _RunContext
+from postjob_sa.worker import unknown
 
 ROOT = Path(__file__).resolve().parent.parent
 SURROGATE = os.fsdecode(b"\xff")
@@ -156,7 +157,7 @@ def _cases(q: JobQueue, engine: Engine, tmp: Path) -> dict[str, list[Callable[[]
         "a workflow result that cannot be stored (not JSON, a lone surrogate, a NUL, too big)": [
             lambda: _workflow_result(engine)],
         "a `resolve` result that is not JSON": [lambda: q.resolve(token, NotJSON())],
-        "an unknown workflow": [lambda: _unknown.warning_text([("__main__.ping", 3)])],
+        "an unknown workflow": [lambda: unknown.warning_text([("__main__.ping", 3)])],
         "a function that is not a workflow, passed to `enqueue`": [
             lambda: q.enqueue(_send_in("app"), 1)],  # type: ignore[arg-type]
         "`enqueue(\"__manual__\")`": [lambda: q.enqueue("__manual__")],

@@ -16,7 +16,7 @@ from sqlalchemy import URL, Engine, text
 import postjob_sa
 from postjob_sa import InvalidArgument, Registry
 from postjob_sa._db import Conn
-from postjob_sa._scheduler import Scheduler
+from postjob_sa.worker.scheduler import Scheduler
 from tests.conftest import url_string
 from tests.reliability.conftest import WorkerProcess, workers  # noqa: F401
 from tests.test_cli_db import postjob

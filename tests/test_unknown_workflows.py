@@ -18,7 +18,8 @@ from sqlalchemy import URL, Engine, text
 from sqlalchemy.orm import Session
 
 import postjob_sa
-from postjob_sa import JobQueue, Registry, _sql, _unknown
+from postjob_sa import JobQueue, Registry, _sql
+from postjob_sa.worker import unknown
 from tests.conftest import url_string
 from tests.test_cli_db import POSTJOB
 
@@ -105,7 +106,7 @@ def test_an_idle_worker_warns_again_now_and_then(
     engine: Engine, waiting: dict[str, int], caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_unknown, "CHECK_INTERVAL", 0.2)
+    monkeypatch.setattr(unknown, "CHECK_INTERVAL", 0.2)
     done: list[int] = []
 
     def work() -> None:  # a short lease: the idle worker wakes to beat every 0.2 s

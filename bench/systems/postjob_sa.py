@@ -199,7 +199,7 @@ class _Probe:
     def __init__(self, url: str) -> None:
         from postjob_sa import _sql
         from postjob_sa._db import Conn
-        from postjob_sa._executor import finish_params
+        from postjob_sa.worker.executor import finish_params
 
         self._s = _session(url)
         self._conn = Conn.open(self._s.get_bind()).raw

@@ -8,7 +8,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-#: The structured fields of a job's log line (see postjob_sa._recorder.job_fields).
+#: The structured fields of a job's log line (see postjob_sa.worker.recorder.job_fields).
 JOB_FIELDS = ("job_id", "workflow", "attempt", "duration", "outcome", "status")
 
 

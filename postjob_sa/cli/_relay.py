@@ -1,4 +1,4 @@
-"""The supervisor's side of the wake-up relay (the children's side is ``postjob_sa._wakeup``).
+"""The supervisor's side of the wake-up relay (the children's side is ``postjob_sa.worker.wakeup``).
 
 One process per host listens for ``postjob_notifications`` (on a direct connection: a pooler in
 transaction mode cannot carry a LISTEN) and wakes *one* idle child per notification, instead of
@@ -23,8 +23,8 @@ from sqlalchemy import Engine
 
 from postjob_sa import _sql
 from postjob_sa._db import Conn, close_quietly
-from postjob_sa._outages import Backoff
-from postjob_sa._wakeup import BUSY, IDLE, MORE, WAKE
+from postjob_sa.worker.outages import Backoff
+from postjob_sa.worker.wakeup import BUSY, IDLE, MORE, WAKE
 
 log = logging.getLogger("postjob_sa.cli")
 

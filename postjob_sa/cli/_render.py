@@ -16,8 +16,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from postjob_sa._unknown import Served
 from postjob_sa.models import MANUAL_WORKFLOW, Job
+from postjob_sa.worker.unknown import Served
 
 STATUS_STYLES = {
     "ok": "green", "failed": "bold red", "timeout": "red", "err": "yellow",

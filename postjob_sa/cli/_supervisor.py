@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from types import FrameType
 
-from postjob_sa._wakeup import RELAY_FD_ENV
+from postjob_sa.worker.wakeup import RELAY_FD_ENV
 
 from ._errors import EXIT_BAD_INPUT
 from ._relay import Relay

@@ -17,7 +17,7 @@ from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from postjob_sa._unknown import Served, served
+from postjob_sa.worker.unknown import Served, served
 
 from . import _parse, _query, _render
 from ._env import App

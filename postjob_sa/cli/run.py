@@ -8,10 +8,10 @@ import sys
 
 import click
 
-from postjob_sa._wakeup import relay_from_environment
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.queue import DEFAULT_LEASE, JobQueue
 from postjob_sa.registry import default_registry
+from postjob_sa.worker.wakeup import relay_from_environment
 
 from . import _parse
 from ._env import App, parse_url

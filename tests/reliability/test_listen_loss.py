@@ -15,8 +15,8 @@ from sqlalchemy import URL, Engine, text
 from sqlalchemy.orm import Session
 
 from postjob_sa import JobQueue
-from postjob_sa._wakeup import IDLE, WAKE
 from postjob_sa.cli._relay import Relay
+from postjob_sa.worker.wakeup import IDLE, WAKE
 from tests.reliability.conftest import WorkerProcess, report, scalar, wait_for, wait_listening
 
 PERIOD = 0.02  # one job every 20 ms

@@ -1,12 +1,12 @@
 """The worker loop: check out, run, record; wait for work; survive outages; stop cleanly.
 
 A worker is built from an engine, a registry and :class:`WorkerOptions`; it owns its connections
-(taken from the engine, see ``_db``) and never reads the caller's session. Lease mode (the
-default): a checkout commits at once and hands each job a lease and a fencing token; the job runs
-outside any transaction; outcomes are recorded in batches with the next checkout (``_recorder``)
-and the keeper (``_keeper``) beats and records what would otherwise wait. With ``concurrency``
-above one, up to that many jobs run at once (``_runner``): the loop keeps the slots filled.
-Transactional mode runs one job per transaction (``_transactional``), one at a time.
+(taken from the engine, see ``postjob_sa._db``) and never reads the caller's session. Lease mode
+(the default): a checkout commits at once and hands each job a lease and a fencing token; the job
+runs outside any transaction; outcomes are recorded in batches with the next checkout
+(``recorder``) and the keeper (``keeper``) beats and records what would otherwise wait. With
+``concurrency`` above one, up to that many jobs run at once (``slots``): the loop keeps the slots
+filled. Transactional mode runs one job per transaction (``transactional``), one at a time.
 """
 
 from __future__ import annotations
@@ -20,21 +20,21 @@ from sqlalchemy import Engine
 
 from postjob_sa import _metrics
 from postjob_sa._db import Conn, close_quietly
-from postjob_sa._executor import Outcome, run_job, run_job_async
-from postjob_sa._idle import Idle
-from postjob_sa._keeper import Keeper
 from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
-from postjob_sa._options import WorkerOptions
-from postjob_sa._outages import Outages
-from postjob_sa._recorder import Recorder, job_fields
-from postjob_sa._runner import JobLoop, Slots
-from postjob_sa._scheduler import Scheduler
-from postjob_sa._signals import Abort, Stopper, WakeUp
-from postjob_sa._transactional import TransactionalRunner
-from postjob_sa._unknown import UnknownWorkflows
-from postjob_sa._wakeup import choose_waker
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.registry import Registry
+from postjob_sa.worker.executor import Outcome, run_job, run_job_async
+from postjob_sa.worker.idle import Idle
+from postjob_sa.worker.keeper import Keeper
+from postjob_sa.worker.options import WorkerOptions
+from postjob_sa.worker.outages import Outages
+from postjob_sa.worker.recorder import Recorder, job_fields
+from postjob_sa.worker.scheduler import Scheduler
+from postjob_sa.worker.signals import Abort, Stopper, WakeUp
+from postjob_sa.worker.slots import JobLoop, Slots
+from postjob_sa.worker.transactional import TransactionalRunner
+from postjob_sa.worker.unknown import UnknownWorkflows
+from postjob_sa.worker.wakeup import choose_waker
 
 log = logging.getLogger("postjob_sa.worker")
 

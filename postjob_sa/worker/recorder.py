@@ -17,7 +17,7 @@ from typing import Any
 
 from postjob_sa import _metrics, _sql
 from postjob_sa._db import Conn, Failure, failure
-from postjob_sa._executor import Outcome, finish_params
+from postjob_sa.worker.executor import Outcome, finish_params
 
 log = logging.getLogger("postjob_sa.worker")
 

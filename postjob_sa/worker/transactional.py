@@ -20,11 +20,11 @@ from sqlalchemy.orm import Session
 
 from postjob_sa import _metrics, _sql
 from postjob_sa._db import Conn, check_driver, no_prepared_statements
-from postjob_sa._executor import Outcome, error_name, finish_params, run_job, run_job_async
-from postjob_sa._recorder import log_outcome
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.errors import InvalidJobState
 from postjob_sa.registry import Registry
+from postjob_sa.worker.executor import Outcome, error_name, finish_params, run_job, run_job_async
+from postjob_sa.worker.recorder import log_outcome
 
 log = logging.getLogger("postjob_sa.worker")
 _UNDONE = ("the run undid the worker's transaction (did the workflow run ROLLBACK or COMMIT "

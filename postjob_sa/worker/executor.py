@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from postjob_sa import _json
-from postjob_sa._signals import Abort
 from postjob_sa.context import Pending, _RunContext, enter, leave
 from postjob_sa.errors import JobCancelled, LeaseLost, NonRecoverable, ResultNotJSON
 from postjob_sa.registry import Workflow
+from postjob_sa.worker.signals import Abort
 
 log = logging.getLogger("postjob_sa.worker")
 

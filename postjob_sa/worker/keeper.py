@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 
 from postjob_sa import _sql
 from postjob_sa._db import Conn, close_quietly
-from postjob_sa._recorder import Recorder
+from postjob_sa.worker.recorder import Recorder
 
 log = logging.getLogger("postjob_sa.worker")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import URL
 
 from postjob_sa._db import worker_identifier
-from postjob_sa._wakeup import Waker
+from postjob_sa.worker.wakeup import Waker
 
 
 @dataclass
@@ -27,7 +27,7 @@ class WorkerOptions:
     transactional: bool = False
     #: jobs at once in this worker (threads for sync workflows, tasks for async ones)
     concurrency: int = 1
-    #: the engine goes through a pooler in transaction mode: no session state (see _wakeup)
+    #: the engine goes through a pooler in transaction mode: no session state (see wakeup)
     pooled: bool = False
     #: a direct URL to LISTEN on when pooled (else the worker polls every poll_interval)
     wakeup_url: URL | None = None

@@ -13,11 +13,11 @@ from typing import Any
 
 from postjob_sa import _sql
 from postjob_sa._db import Conn
-from postjob_sa._keeper import Keeper
-from postjob_sa._scheduler import Scheduler
-from postjob_sa._signals import Stopper, WakeUp
-from postjob_sa._unknown import UnknownWorkflows
-from postjob_sa._wakeup import Waker
+from postjob_sa.worker.keeper import Keeper
+from postjob_sa.worker.scheduler import Scheduler
+from postjob_sa.worker.signals import Stopper, WakeUp
+from postjob_sa.worker.unknown import UnknownWorkflows
+from postjob_sa.worker.wakeup import Waker
 
 #: The longest a worker sleeps without looking at the queue.
 WAIT_CAP = 30.0

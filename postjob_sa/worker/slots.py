@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine
 
 from postjob_sa._db import Conn, close_quietly
-from postjob_sa._executor import Outcome, run_job, run_job_async
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.registry import Workflow
+from postjob_sa.worker.executor import Outcome, run_job, run_job_async
 
 log = logging.getLogger("postjob_sa.worker")
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """Periodic workflows: ``@workflow(cron=..., timezone=...)`` or ``@workflow(every=seconds)``.
 
-Ticks are a function of the schedule alone (``_schedule.ScheduleSpec``), so every worker
-computes the same ones, by the database's clock. A worker whose registry holds periodic
+Ticks are a function of the schedule alone (``postjob_sa._schedule.ScheduleSpec``), so every
+worker computes the same ones, by the database's clock. A worker whose registry holds periodic
 workflows registers them in ``postjob.schedules`` when it starts and, between jobs and before it waits, claims the ticks
 that are due: ``postjob.schedule_tick`` moves the schedule's ``last_tick_at`` forward with a
 conditional UPDATE and enqueues the job in the same transaction, so each tick gives exactly one
