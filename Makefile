@@ -33,12 +33,14 @@ docs: $(STAMP)
 # checkout, worker, workflows, transactional jobs, edges, CLI) run again on the other.
 POSTJOB_TEST_DRIVER ?= psycopg
 OTHER_DRIVER := $(if $(filter psycopg2,$(POSTJOB_TEST_DRIVER)),psycopg,psycopg2)
-OTHER_DRIVER_TESTS := tests/test_drivers.py tests/test_enqueue.py tests/test_checkout.py \
-	tests/test_worker.py tests/test_worker_edges.py tests/test_workflows.py \
-	tests/test_workflow_races.py tests/test_transactional.py tests/test_fencing.py \
-	tests/test_leases.py tests/test_isolation.py tests/test_outcomes.py tests/test_bad_input.py \
-	tests/test_cli_db.py tests/test_cli_job.py tests/test_cli_ps.py tests/test_cli_run.py \
-	tests/reliability/test_least_privilege.py tests/reliability/test_listen_loss.py
+OTHER_DRIVER_TESTS := tests/api/test_drivers.py tests/api/test_enqueue.py \
+	tests/api/test_checkout.py tests/worker/test_worker.py tests/worker/test_worker_edges.py \
+	tests/workflows/test_workflows.py tests/workflows/test_workflow_races.py \
+	tests/worker/test_transactional.py tests/worker/test_fencing.py tests/worker/test_leases.py \
+	tests/workflows/test_isolation.py tests/worker/test_outcomes.py tests/api/test_bad_input.py \
+	tests/cli/test_cli_db.py tests/cli/test_cli_job.py tests/cli/test_cli_ps.py \
+	tests/cli/test_cli_run.py tests/reliability/test_least_privilege.py \
+	tests/reliability/test_listen_loss.py
 
 pytest: $(STAMP)
 	POSTJOB_TEST_DRIVER=$(POSTJOB_TEST_DRIVER) $(BIN)/pytest $(PYTEST_ARGS)

@@ -1,5 +1,5 @@
-"""The example workflows of docs/workflows.md, verbatim (tests/test_doc_examples.py runs
-them and checks that every code block of the page is a piece of this file)."""
+"""The example workflows of docs/workflows.md, verbatim (tests/workflows/test_doc_examples.py
+runs them and checks that every code block of the page is a piece of this file)."""
 
 from __future__ import annotations
 

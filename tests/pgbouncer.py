@@ -1,7 +1,7 @@
 """A real PgBouncer (Debian's ``pgbouncer``) in transaction mode, started on a free port.
 
-Used by the PgBouncer tests (``tests/test_pgbouncer.py``) and the scale benchmark. The pooler
-is *strict* by default: it runs ``DISCARD ALL`` after every transaction
+Used by the PgBouncer tests (``tests/worker/test_pgbouncer.py``) and the scale benchmark. The
+pooler is *strict* by default: it runs ``DISCARD ALL`` after every transaction
 (``server_reset_query_always``), so anything that leans on session state across transactions
 (LISTEN, server-side prepared statements, session settings) fails every time, not only when
 two clients happen to swap server connections.

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 import postjob_sa
 from postjob_sa import JobQueue
 from postjob_sa.web import create_app
-from tests.test_web_browser import CHROMIUM, Served, launch
+from tests.web.test_web_browser import CHROMIUM, Served, launch
 from tests.web_data import backdate, noop, seed
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "img"

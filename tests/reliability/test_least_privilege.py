@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 
 from postjob_sa import JobQueue
 from postjob_sa._db import sqlstate
+from tests.cli.test_cli_db import assert_bad_input, postjob
 from tests.conftest import dbapi_connect, url_string
 from tests.reliability.conftest import WorkerProcess, report, scalar, wait_for
-from tests.test_cli_db import assert_bad_input, postjob
 
 FINGERPRINT = (
     "SELECT md5(string_agg(p::text, '|' ORDER BY p::text)) FROM ("

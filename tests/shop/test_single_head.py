@@ -18,6 +18,7 @@ import postjob_sa
 from postjob_sa import Job, JobQueue, SchemaError, _migrations
 from postjob_sa._host_history import write_revision
 from postjob_sa._migrations import head_revision, revisions
+from tests.cli.test_cli_db import assert_bad_input, postjob
 from tests.conftest import url_string
 from tests.shop.app.models import Order
 from tests.shop.conftest import (
@@ -32,7 +33,6 @@ from tests.shop.conftest import (
     scalar,
     tables,
 )
-from tests.test_cli_db import assert_bad_input, postjob
 
 HEAD = head_revision()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "postjob_sa"
+PACKAGE = Path(__file__).resolve().parents[2] / "postjob_sa"
 
 KEYWORDS = ("SELECT", "INSERT", "UPDATE", "DELETE", "CREATE", "ALTER", "DROP", "GRANT",
             "REVOKE", "TRUNCATE", "EXECUTE", "PREPARE", "LISTEN", "NOTIFY", "COPY", "WHERE")

@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 
 import postjob_sa
 from postjob_sa import InvalidArgument, InvalidJobState, JobNotFound, JobQueue
+from tests.cli.test_cli_db import assert_bad_input, postjob
+from tests.cli.test_cli_job import FINGERPRINT
 from tests.conftest import url_string
-from tests.test_cli_db import assert_bad_input, postjob
-from tests.test_cli_job import FINGERPRINT
 
 EVIL = "x'; DROP TABLE postjob.postjobs; --"
 

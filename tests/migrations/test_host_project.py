@@ -19,7 +19,7 @@ from postjob_sa._migrations import installed_revision
 from tests.conftest import drop_database
 from tests.host_project.models import HostBase, Widget
 
-HOST = Path(__file__).parent / "host_project"
+HOST = Path(__file__).parents[1] / "host_project"
 DB = "pjt_host_project"
 
 

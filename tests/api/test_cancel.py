@@ -23,8 +23,8 @@ from postjob_sa import (
     manual,
     set_workflow_status,
 )
+from tests.cli.test_cli_db import postjob
 from tests.conftest import url_string
-from tests.test_cli_db import postjob
 
 reg = Registry()
 STARTED = threading.Event()

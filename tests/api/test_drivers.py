@@ -19,8 +19,8 @@ import postjob_sa
 from postjob_sa import InvalidArgument, Job, JobQueue
 from postjob_sa._db import unsupported_driver
 from postjob_sa.cli import main
+from tests.cli.test_cli_db import postjob
 from tests.conftest import driver_under_test, url_string
-from tests.test_cli_db import postjob
 
 reg = postjob_sa.Registry()
 

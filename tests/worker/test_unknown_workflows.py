@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 import postjob_sa
 from postjob_sa import JobQueue, Registry, _sql
 from postjob_sa.worker import unknown
+from tests.cli.test_cli_db import POSTJOB
 from tests.conftest import url_string
-from tests.test_cli_db import POSTJOB
 
 reg = Registry()
 

@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session
 
 import postjob_sa
 from postjob_sa import InvalidArgument, JobQueue, Registry
+from tests.cli.test_cli_db import assert_bad_input, postjob
 from tests.conftest import url_string
 from tests.reliability.conftest import WorkerProcess, wait_for, workers  # noqa: F401
-from tests.test_cli_db import assert_bad_input, postjob
 
 reg = Registry()
 

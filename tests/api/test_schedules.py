@@ -17,9 +17,9 @@ import postjob_sa
 from postjob_sa import InvalidArgument, Registry
 from postjob_sa._db import Conn
 from postjob_sa.worker.scheduler import Scheduler
+from tests.cli.test_cli_db import postjob
 from tests.conftest import url_string
 from tests.reliability.conftest import WorkerProcess, workers  # noqa: F401
-from tests.test_cli_db import postjob
 
 reg = Registry()
 

@@ -28,7 +28,7 @@ from postjob_sa import Job, SchemaError, Status
 from postjob_sa._migrations import installed_revision
 from tests.conftest import drop_database, url_string
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -100,7 +100,7 @@ def _jobs(engine: Engine) -> list[Job]:
 def test_upgrade_applies_our_schema_and_the_app_revision(app_engine: Engine, example: Example) -> None:
     with app_engine.connect() as conn:
         # the app's revision depends on our branch's first revision; later ones of ours are a
-        # head of their own (as in tests/test_host_project.py)
+        # head of their own (as in tests/migrations/test_host_project.py)
         heads = set(MigrationContext.configure(conn).get_current_heads())
         assert example.revision in heads
         assert heads <= {example.revision, postjob_sa._migrations.head_revision()}

@@ -18,8 +18,8 @@ from sqlalchemy import URL, Connection, Engine, create_engine, inspect, text
 import postjob_sa
 from postjob_sa import InvalidArgument, PostjobError, SchemaError, _migrations, migrations
 from postjob_sa._migrations import installed_revision
+from tests.cli.test_cli_db import assert_bad_input, postjob
 from tests.conftest import create_clone, drop_database, url_string
-from tests.test_cli_db import assert_bad_input, postjob
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import URL
 
+from tests.cli.test_cli_db import POSTJOB, assert_bad_input, postjob
 from tests.conftest import url_string
-from tests.test_cli_db import POSTJOB, assert_bad_input, postjob
 
 
 def _serve(db_url: URL, *args: str, token: str | None = None) -> Iterator[tuple[str, str]]:

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from postjob_sa import JobQueue
 from postjob_sa.web import create_app
 from postjob_sa.web.server import server
-from tests.test_web import status_of
+from tests.web.test_web import status_of
 from tests.web_data import Seeded, noop, seed
 
 pytestmark = pytest.mark.browser

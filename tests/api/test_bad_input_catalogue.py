@@ -25,7 +25,7 @@ from postjob_sa._migrations import check_revision, schema_error
 from postjob_sa.context import ChildHandle, RunningJob, _RunContext
 from postjob_sa.worker import unknown
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SURROGATE = os.fsdecode(b"\xff")
 
 reg = Registry()

@@ -18,7 +18,7 @@ import postjob_sa
 from postjob_sa import JobQueue, Registry, SchemaError, Status
 from tests.conftest import drop_database, url_string
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from sqlalchemy import URL, Engine, text
 
+from tests.cli.test_cli_db import POSTJOB, assert_bad_input, postjob
 from tests.conftest import url_string
-from tests.test_cli_db import POSTJOB, assert_bad_input, postjob
 
 
 @pytest.fixture

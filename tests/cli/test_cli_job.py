@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from sqlalchemy import URL, Engine, text
 
+from tests.cli.test_cli_db import assert_bad_input, postjob
 from tests.conftest import url_string
-from tests.test_cli_db import assert_bad_input, postjob
 
 FINGERPRINT = text(
     "SELECT md5(coalesce(string_agg(j::text, '|' ORDER BY id), '')) FROM postjob.postjobs j"

@@ -52,7 +52,7 @@ import postjob_sa
 from postjob_sa import Job, Status
 from tests.conftest import url_string
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 
 _MARKER = re.compile(r"<!--\s*docs-test:\s*(.*?)\s*-->")
@@ -354,7 +354,7 @@ def test_shell_commands_exist(block: Block, words: list[str]) -> None:
     else:
         # commands of the outside world: nothing of ours to check
         assert program in ("pip", "export", "curl", "createdb", "psql", ".", "source"), (
-            f"{block.where}: teach tests/test_docs.py how to check `{program}`"
+            f"{block.where}: teach tests/docs/test_docs.py how to check `{program}`"
         )
 
 

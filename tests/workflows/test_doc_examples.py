@@ -13,7 +13,7 @@ from postjob_sa import JobQueue
 from tests import doc_examples
 from tests.wfutil import result, row
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 def test_every_python_block_of_the_page_is_in_the_examples_module() -> None:

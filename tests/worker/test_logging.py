@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 
 import postjob_sa
 from postjob_sa import JobQueue, NonRecoverable, Registry
+from tests.cli.test_cli_db import POSTJOB
 from tests.conftest import url_string
-from tests.test_cli_db import POSTJOB
 
 reg = Registry()
 
@@ -75,7 +75,7 @@ def test_a_failed_run_is_logged_with_its_error_and_the_status_recorded(
         (logging.WARNING, f"job {flaky_id} (log.flaky): failed in T ms (no attempts left): "
                           "ConnectionError: the mail server is down"),
         (logging.WARNING, f"job {refused_id} (log.refused): failed in T ms (not retried): "
-                          "tests.test_logging.Refused: no such customer"),
+                          "tests.worker.test_logging.Refused: no such customer"),
     ])  # the ok run is logged at INFO, tracebacks too
 
 
@@ -89,7 +89,8 @@ def test_the_traceback_is_logged_at_info(
         assert q.drain() == 1
     [warning, traceback] = _worker_lines(caplog)
     assert warning == (logging.WARNING, f"job {refused_id} (log.refused): failed in T ms "
-                                        "(not retried): tests.test_logging.Refused: no such customer")
+                                        "(not retried): tests.worker.test_logging.Refused: "
+                                        "no such customer")
     assert traceback[0] == logging.INFO
     assert traceback[1].startswith(
         f"job {refused_id} (log.refused): traceback (most recent call last):\n  ")

@@ -1,0 +1,1 @@
+"""The `postjob` command, through the installed script."""

@@ -1,0 +1,1 @@
+"""The docs and the example apps do what they say."""

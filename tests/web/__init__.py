@@ -1,0 +1,1 @@
+"""The dashboard: pages and actions through a test client, and in a real browser."""

@@ -1,0 +1,1 @@
+"""The worker: its loop, leases and fencing, outcomes, concurrency, transactional mode, logs."""

@@ -1,0 +1,1 @@
+"""Restartable workflows end to end: trees, fan-out, wake-up races, scale, the docs' examples."""
