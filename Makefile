@@ -30,23 +30,16 @@ docs: $(STAMP)
 
 # The suite runs on one psycopg driver (POSTJOB_TEST_DRIVER: psycopg, i.e. psycopg 3, by
 # default, or psycopg2); the modules that reach the database through every path (enqueue,
-# checkout, worker, workflows, transactional jobs, edges, CLI) run again on the other.
+# checkout, worker, workflows, transactional jobs, edges, CLI) are marked both_drivers
+# (pytestmark) and run again on the other.
 POSTJOB_TEST_DRIVER ?= psycopg
 OTHER_DRIVER := $(if $(filter psycopg2,$(POSTJOB_TEST_DRIVER)),psycopg,psycopg2)
-OTHER_DRIVER_TESTS := tests/api/test_drivers.py tests/api/test_enqueue.py \
-	tests/api/test_checkout.py tests/worker/test_worker.py tests/worker/test_worker_edges.py \
-	tests/workflows/test_workflows.py tests/workflows/test_workflow_races.py \
-	tests/worker/test_transactional.py tests/worker/test_fencing.py tests/worker/test_leases.py \
-	tests/workflows/test_isolation.py tests/worker/test_outcomes.py tests/api/test_bad_input.py \
-	tests/cli/test_cli_db.py tests/cli/test_cli_job.py tests/cli/test_cli_ps.py \
-	tests/cli/test_cli_run.py tests/reliability/test_least_privilege.py \
-	tests/reliability/test_listen_loss.py
 
 pytest: $(STAMP)
 	POSTJOB_TEST_DRIVER=$(POSTJOB_TEST_DRIVER) $(BIN)/pytest $(PYTEST_ARGS)
 
 test-other-driver: $(STAMP)
-	POSTJOB_TEST_DRIVER=$(OTHER_DRIVER) $(BIN)/pytest $(PYTEST_ARGS) $(OTHER_DRIVER_TESTS)
+	POSTJOB_TEST_DRIVER=$(OTHER_DRIVER) $(BIN)/pytest $(PYTEST_ARGS) -m both_drivers
 
 test: lint typecheck docs pytest test-other-driver
 

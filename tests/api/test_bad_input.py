@@ -17,6 +17,8 @@ from tests.cli.test_cli_db import assert_bad_input, postjob
 from tests.cli.test_cli_job import FINGERPRINT
 from tests.conftest import url_string
 
+pytestmark = pytest.mark.both_drivers
+
 EVIL = "x'; DROP TABLE postjob.postjobs; --"
 
 

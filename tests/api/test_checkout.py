@@ -11,6 +11,8 @@ from sqlalchemy.orm import Session
 import postjob_sa
 from postjob_sa import InvalidJobState, Job, JobQueue, Registry, Status
 
+pytestmark = pytest.mark.both_drivers
+
 reg = Registry()
 
 

@@ -22,6 +22,8 @@ from postjob_sa.cli import main
 from tests.cli.test_cli_db import postjob
 from tests.conftest import driver_under_test, url_string
 
+pytestmark = pytest.mark.both_drivers
+
 reg = postjob_sa.Registry()
 
 

@@ -12,6 +12,8 @@ from sqlalchemy.orm import Session
 import postjob_sa
 from postjob_sa import InvalidArgument, Job, JobNotFound, JobQueue, Status
 
+pytestmark = pytest.mark.both_drivers
+
 
 @postjob_sa.workflow(name="enq.add", max_attempts=3, timeout=100, queue="math")
 def add(a: int, b: int) -> int:

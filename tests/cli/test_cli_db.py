@@ -14,6 +14,8 @@ from sqlalchemy import URL, create_engine, text
 from postjob_sa._migrations import head_revision
 from tests.conftest import create_clone, drop_database, url_string
 
+pytestmark = pytest.mark.both_drivers
+
 POSTJOB = str(Path(sys.executable).parent / "postjob")
 
 

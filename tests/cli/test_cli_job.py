@@ -11,6 +11,8 @@ from sqlalchemy import URL, Engine, text
 from tests.cli.test_cli_db import assert_bad_input, postjob
 from tests.conftest import url_string
 
+pytestmark = pytest.mark.both_drivers
+
 FINGERPRINT = text(
     "SELECT md5(coalesce(string_agg(j::text, '|' ORDER BY id), '')) FROM postjob.postjobs j"
 )

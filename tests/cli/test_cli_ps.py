@@ -14,6 +14,8 @@ from sqlalchemy import URL, Engine, text
 from tests.cli.test_cli_db import POSTJOB, assert_bad_input, postjob
 from tests.conftest import url_string
 
+pytestmark = pytest.mark.both_drivers
+
 
 @pytest.fixture(scope="module")
 def tree(db_url: URL, engine: Engine) -> dict[str, int]:

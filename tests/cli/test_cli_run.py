@@ -17,6 +17,8 @@ from sqlalchemy import URL, Engine, text
 from tests.cli.test_cli_db import POSTJOB, assert_bad_input, postjob
 from tests.conftest import url_string
 
+pytestmark = pytest.mark.both_drivers
+
 
 @pytest.fixture
 def cli(db_url: URL, clean: None) -> Any:

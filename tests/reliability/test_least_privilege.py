@@ -17,6 +17,8 @@ from tests.cli.test_cli_db import assert_bad_input, postjob
 from tests.conftest import dbapi_connect, url_string
 from tests.reliability.conftest import WorkerProcess, report, scalar, wait_for
 
+pytestmark = pytest.mark.both_drivers
+
 FINGERPRINT = (
     "SELECT md5(string_agg(p::text, '|' ORDER BY p::text)) FROM ("
     "SELECT grantee || ':' || table_name || ':' || privilege_type AS p "

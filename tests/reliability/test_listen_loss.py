@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
 from sqlalchemy import URL, Engine, text
 from sqlalchemy.orm import Session
 
@@ -18,6 +19,8 @@ from postjob_sa import JobQueue
 from postjob_sa.cli._relay import Relay
 from postjob_sa.worker.wakeup import IDLE, WAKE
 from tests.reliability.conftest import WorkerProcess, report, scalar, wait_for, wait_listening
+
+pytestmark = pytest.mark.both_drivers
 
 PERIOD = 0.02  # one job every 20 ms
 DURATION = 4.0

@@ -18,6 +18,8 @@ from sqlalchemy.orm import Session
 import postjob_sa
 from postjob_sa import JobQueue, Registry
 
+pytestmark = pytest.mark.both_drivers
+
 reg = Registry()
 go_on = threading.Event()
 child_started = threading.Event()

@@ -15,6 +15,8 @@ import postjob_sa
 from postjob_sa import JobQueue, Registry
 from tests.conftest import dbapi_connect, libpq_url
 
+pytestmark = pytest.mark.both_drivers
+
 reg = Registry()
 RUNS_URL: list[str] = []
 

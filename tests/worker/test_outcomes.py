@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 import postjob_sa
 from postjob_sa import InvalidJobState, Job, JobNotFound, JobQueue, Registry, Status
 
+pytestmark = pytest.mark.both_drivers
+
 reg = Registry()
 calls: list[str] = []
 

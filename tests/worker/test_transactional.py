@@ -10,6 +10,8 @@ from sqlalchemy.orm import Session
 import postjob_sa
 from postjob_sa import JobQueue, Registry
 
+pytestmark = pytest.mark.both_drivers
+
 treg = Registry()
 
 

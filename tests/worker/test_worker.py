@@ -18,6 +18,8 @@ import postjob_sa
 from postjob_sa import JobQueue, Registry, SchemaError, Status
 from tests.conftest import drop_database, url_string
 
+pytestmark = pytest.mark.both_drivers
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

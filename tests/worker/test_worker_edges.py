@@ -21,6 +21,8 @@ import postjob_sa
 from postjob_sa import JobQueue, Registry
 from tests.conftest import driver_under_test, libpq_url
 
+pytestmark = pytest.mark.both_drivers
+
 reg = Registry()
 
 

@@ -18,6 +18,8 @@ from postjob_sa import JobQueue, workflow
 from postjob_sa._db import Conn as DbConn
 from tests.wfutil import children, row
 
+pytestmark = pytest.mark.both_drivers
+
 FINISH = (
     "SELECT postjob.finish_jobs(ARRAY[%(id)s]::bigint[], ARRAY[%(lease)s]::bigint[], "
     "ARRAY[%(outcome)s]::text[], ARRAY[%(result)s]::jsonb[], ARRAY[%(error)s]::text[], "

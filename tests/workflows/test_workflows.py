@@ -27,6 +27,8 @@ from postjob_sa import (
 )
 from tests.wfutil import children, count_jobs, result, row
 
+pytestmark = pytest.mark.both_drivers
+
 RUNS: Counter[str] = Counter()
 
 
