@@ -134,41 +134,13 @@ class Job(Base):
     #: while a job holding this key is unfinished, enqueuing the key again returns that job
     unique_key: Mapped[str | None] = mapped_column(String)
 
+    #: true while the job is unfinished and has a unique_key: it holds the key
+    unique_key_held: Mapped[bool] = mapped_column(Boolean, server_default=text("false"),
+                                                  nullable=False)
+
+    # Only columns an ordinary run never changes are indexed, so its updates are HOT (see
+    # postjob_sa/sql/schema.sql); what checkout and reaping look up is in Waiting and Lease.
     __table_args__ = (
-        # checkout: runnable jobs of one (workflow, version), by queue and priority, in due order
-        Index(
-            "postjobs_runnable_by_group_idx",
-            "workflow",
-            "workflow_version",
-            "priority",
-            "queue",
-            "next_run_at",
-            "id",
-            postgresql_where=text("status IN ('ready', 'err')"),
-        ),
-        # one unfinished job per unique key
-        Index(
-            "postjobs_unique_key_idx",
-            "unique_key",
-            unique=True,
-            postgresql_where=text(
-                "unique_key IS NOT NULL AND status IN ('ready', 'processing', 'sleep', 'err')"
-            ),
-        ),
-        # reaping timeouts
-        Index(
-            "postjobs_timing_out_idx",
-            "timing_out_at",
-            postgresql_where=text(
-                "status IN ('ready', 'err', 'sleep') AND timing_out_at IS NOT NULL"
-            ),
-        ),
-        # reaping expired leases (zombies)
-        Index(
-            "postjobs_lease_idx",
-            "lease_expires_at",
-            postgresql_where=text("status = 'processing'"),
-        ),
         # one child per (parent, workflow, method, args); also serves parent_id lookups
         Index(
             "postjobs_child_key_idx",
@@ -187,14 +159,6 @@ class Job(Base):
             postgresql_ops={"full_id": "text_pattern_ops"},
             postgresql_where=text("parent_id IS NOT NULL"),
         ),
-        # the dashboard: settled jobs by status and time (throughput, counts per queue)
-        Index(
-            "postjobs_settled_idx",
-            "status",
-            "updated_at",
-            postgresql_include=["queue"],
-            postgresql_where=text("status IN ('sleep', 'failed', 'timeout', 'ok')"),
-        ),
         Index(
             "postjobs_tags_idx",
             "tags",
@@ -202,6 +166,11 @@ class Job(Base):
             postgresql_ops={"tags": "jsonb_path_ops"},
             postgresql_where=text("tags IS NOT NULL"),
         ),
+        # one unfinished job per unique key
+        Index("postjobs_unique_key_idx", "unique_key", unique=True,
+              postgresql_where=text("unique_key_held")),
+        # the jobs with an error: failed, timed out, cancelled, or waiting for a retry
+        Index("postjobs_errors_idx", "id", postgresql_where=text("error IS NOT NULL")),
         {"schema": SCHEMA},
     )
 
@@ -310,6 +279,89 @@ class QueueLimit(Base):
                         name="queue_limits_concurrency_range"),
         CheckConstraint("rate IS NULL OR rate >= 0", name="queue_limits_rate_range"),
         CheckConstraint("period > 0", name="queue_limits_period_positive"),
+        {"schema": SCHEMA},
+    )
+
+
+class Waiting(Base):
+    """A job that waits: to run (due now, or at ``run_at``), for its children, or for a token.
+
+    One row per such job, written by the database's functions and triggers (never by hand):
+    checkout reads only its index of due jobs. Its status, workflow, queue and priority are the
+    job's own."""
+
+    __tablename__ = "waiting"
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    status: Mapped[Status] = mapped_column(_status_type, nullable=False)
+    workflow: Mapped[str] = mapped_column(String, nullable=False)
+    workflow_version: Mapped[str] = mapped_column(String, nullable=False)
+    queue: Mapped[str] = mapped_column(String, nullable=False)
+    priority: Mapped[int] = mapped_column(Integer, nullable=False)
+    #: when it may run; None while it waits for children or a token
+    run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: checkout may take it now
+    due: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    timing_out_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        Index("waiting_due_idx", "workflow", "workflow_version", "queue", text("priority DESC"),
+              "run_at", "job_id", postgresql_where=text("due")),
+        Index("waiting_scheduled_idx", "workflow", "workflow_version", "run_at",
+              postgresql_where=text("NOT due AND run_at IS NOT NULL")),
+        Index("waiting_timeout_idx", "timing_out_at",
+              postgresql_where=text("timing_out_at IS NOT NULL")),
+        CheckConstraint("status IN ('ready', 'err', 'sleep')", name="waiting_status"),
+        CheckConstraint("NOT due OR run_at IS NOT NULL", name="waiting_due_has_time"),
+        {"schema": SCHEMA},
+    )
+
+
+class Lease(Base):
+    """A checkout whose jobs may still be running: the token they carry, the worker holding
+    them (None: a checkout through the API, held until ``expires_at``) and their ids."""
+
+    __tablename__ = "leases"
+
+    token: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    worker_id: Mapped[int | None] = mapped_column(BigInteger)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    job_ids: Mapped[list[int]] = mapped_column(ARRAY(BigInteger), nullable=False)
+
+    __table_args__ = (
+        Index("leases_worker_idx", "worker_id"),
+        {"schema": SCHEMA},
+    )
+
+
+class QueueSlot(Base):
+    """One of a limited queue's places: taken by a job while it runs (``job_id``)."""
+
+    __tablename__ = "queue_slots"
+
+    queue: Mapped[str] = mapped_column(
+        String, ForeignKey("postjob.queue_limits.queue", ondelete="CASCADE"), primary_key=True)
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        Index("queue_slots_job_idx", "job_id", postgresql_where=text("job_id IS NOT NULL")),
+        {"schema": SCHEMA},
+    )
+
+
+class QueueStart(Base):
+    """One of a rate-limited queue's starts: free again once ``started_at`` is a period old."""
+
+    __tablename__ = "queue_starts"
+
+    queue: Mapped[str] = mapped_column(
+        String, ForeignKey("postjob.queue_limits.queue", ondelete="CASCADE"), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        Index("queue_starts_oldest_idx", "queue", text("started_at NULLS FIRST")),
         {"schema": SCHEMA},
     )
 
