@@ -178,6 +178,16 @@ class Conn:
         finally:
             cur.close()
 
+    def tuples(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run one statement; its rows as tuples, in the statement's column order (the
+        worker's hot path: no dict per row)."""
+        cur = self.raw.cursor()
+        try:
+            cur.execute(sql, params)
+            return [] if cur.description is None else list(cur.fetchall())
+        finally:
+            cur.close()
+
     def scalar(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
         """Run one statement; the first column of its first row, or None."""
         cur = self.raw.cursor()

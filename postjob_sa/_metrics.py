@@ -10,6 +10,7 @@ multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``), which the supervisor serves.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -72,23 +73,50 @@ ALL = [m for m in (ENQUEUED, STARTED, FINISHED, LEASE_LOSSES, RECONNECTS, WAKEUP
        if not isinstance(m, _Nothing)]
 
 
+# A labelled child is looked up once per label values, not on every count (labels() costs more
+# than the count itself on a worker's hot path).
+_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def _child(metric: Any, *values: str) -> Any:
+    key = (id(metric), values)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*values)
+    return child
+
+
 def enqueued(workflow: str, queue: str, count: int = 1) -> None:
-    ENQUEUED.labels(workflow, queue).inc(count)
+    _child(ENQUEUED, workflow, queue).inc(count)
 
 
-def started(workflow: str, queue: str) -> None:
-    STARTED.labels(workflow, queue).inc()
+def started_many(counts: Mapping[tuple[str, str], int]) -> None:
+    """Jobs checked out, by (workflow, queue): one count per pair for a whole batch."""
+    for (workflow, queue), n in counts.items():
+        _child(STARTED, workflow, queue).inc(n)
 
 
-def finished(workflow: str, outcome: str, duration: float) -> None:
-    FINISHED.labels(workflow, outcome).inc()
+def finished_many(counts: Mapping[tuple[str, str], int]) -> None:
+    """Runs recorded, by (workflow, outcome): one count per pair for a whole batch."""
+    for (workflow, outcome), n in counts.items():
+        _child(FINISHED, workflow, outcome).inc(n)
+
+
+def duration(workflow: str, seconds: float) -> None:
+    """How long one run took (release outcomes are not counted)."""
+    _child(DURATION, workflow).observe(seconds)
+
+
+def finished(workflow: str, outcome: str, seconds: float) -> None:
+    """One run recorded (transactional jobs, one at a time)."""
+    _child(FINISHED, workflow, outcome).inc()
     if outcome != "release":
-        DURATION.labels(workflow).observe(duration)
+        duration(workflow, seconds)
 
 
 def lease_lost(workflow: str) -> None:
-    LEASE_LOSSES.labels(workflow).inc()
-    FINISHED.labels(workflow, "lost").inc()
+    _child(LEASE_LOSSES, workflow).inc()
+    _child(FINISHED, workflow, "lost").inc()
 
 
 def reconnected() -> None:
@@ -96,4 +124,4 @@ def reconnected() -> None:
 
 
 def woken(source: str) -> None:
-    WAKEUPS.labels(source).inc()
+    _child(WAKEUPS, source).inc()

@@ -26,24 +26,32 @@ WORKER_HEARTBEAT = (
     "%(ids)s::bigint[], %(leases)s::bigint[])"
 )
 
-#: Record outcomes (a row of kind 'done' gives the status recorded, one of kind 'lost' names an
-#: outcome not recorded), reap now and then, and check out the next jobs (rows of kind 'job'):
-#: the whole cycle in one round trip. A 'done' row's failed_attempts are those before the run
-#: (read in the statement's snapshot, taken before the outcome was recorded: for the log).
+#: Record outcomes (one JSON array, see postjob_sa/sql/outcomes.sql), release the leases whose
+#: jobs have all ended, reap now and then, and check out the next jobs (rows of kind 'job', the
+#: columns of RunningJob after the kind): the whole cycle in one round trip. Rows of kind
+#: 'lost' name outcomes not recorded, 'woken' sleeps whose child had ended.
 WORKER_CYCLE = (
-    "SELECT kind, id, status, lease_token, workflow, workflow_version, args, queue, root_id, "
-    "full_id, parent_id, attempt FROM postjob.worker_cycle(%(worker_id)s::bigint, %(identifier)s::varchar, "
-    "%(ids)s::bigint[], %(leases)s::bigint[], %(outcomes)s::text[], %(results)s::jsonb[], "
-    "%(errors)s::text[], %(messages)s::text[], %(backtraces)s::jsonb[], %(versions)s::text[], "
-    "%(awaiting)s::bigint[], %(workflows)s::text[], %(workflow_versions)s::text[], "
-    "%(queues)s::text[], %(limit)s::integer, %(lease)s::float8, %(fast)s::boolean, "
+    "SELECT kind, id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, "
+    "parent_id, attempt, max_attempts FROM postjob.worker_cycle_v3(%(worker_id)s::bigint, "
+    "%(identifier)s::varchar, %(outcomes)s::jsonb, %(done)s::bigint[], %(workflows)s::text[], "
+    "%(versions)s::text[], %(queues)s::text[], %(limit)s::integer, %(lease)s::float8, "
     "%(reap)s::boolean)"
 )
 
-#: Before an idle wait: reap now and then, and the seconds until the next job is due.
+#: Before an idle wait: reap now and then, make due what has come due, and the seconds until
+#: there may be work (0 or less: now; NULL: nothing in sight).
 WORKER_IDLE = (
-    "SELECT postjob.worker_idle(%(workflows)s::text[], %(workflow_versions)s::text[], "
+    "SELECT postjob.worker_idle(%(workflows)s::text[], %(versions)s::text[], "
     "%(queues)s::text[], %(reap)s::boolean)"
+)
+
+#: Make due the waiting jobs of these workflows whose time has come (a transactional worker,
+#: on its own connection, before the transaction of its next job).
+WORKER_PROMOTE = "SELECT postjob._promote(%(workflows)s::text[], %(versions)s::text[])"
+
+#: Why these runs lost their jobs: the jobs' statuses now.
+JOBS_STATUS_NOW = (
+    "SELECT id, status::text FROM postjob.postjobs WHERE id = ANY(%(ids)s::bigint[])"
 )
 
 WORKER_LISTEN = "LISTEN postjob_notifications"
@@ -106,8 +114,7 @@ JOB_ENQUEUE = text(
 
 #: The unfinished job that holds a unique key.
 JOB_BY_UNIQUE_KEY = text(
-    "SELECT id FROM postjob.postjobs WHERE unique_key = :unique_key "
-    "AND status IN ('ready', 'processing', 'sleep', 'err')"
+    "SELECT id FROM postjob.postjobs WHERE unique_key = :unique_key AND unique_key_held"
 )
 
 JOB_CHILD_BY_KEY = text(
@@ -128,13 +135,6 @@ JOB_ENQUEUE_MANY = text(
 
 JOB_EXISTS = text("SELECT status::text FROM postjob.postjobs WHERE id = :id")
 
-#: After a transactional run: the status recorded and the attempt the run was (an error
-#: counted it already), as worker_cycle reports them for the other runs.
-JOB_RECORDED = text(
-    "SELECT status::text, failed_attempts + CASE WHEN status IN ('err', 'failed') THEN 0 "
-    "ELSE 1 END FROM postjob.postjobs WHERE id = :id"
-)
-
 #: The statuses of these jobs, locked for an operator's change (reset).
 JOBS_STATUS_LOCKED = text(
     "SELECT id, status::text AS status FROM postjob.postjobs "
@@ -142,20 +142,28 @@ JOBS_STATUS_LOCKED = text(
 )
 
 #: The jobs checked out, in the order handed out: their ids first (see JobQueue.checkout),
-#: then the columns a worker runs them with.
+#: then the columns a worker runs them with (RunningJob's). ``promote``: make due first what
+#: has come due (not inside a transactional job's transaction: see postjob._promote).
 JOB_CHECKOUT = text(
     "SELECT id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, "
-    "parent_id FROM postjob.checkout_v2(CAST(:worker_id AS bigint), CAST(:identifier AS varchar), "
-    "CAST(:workflows AS text[]), CAST(:versions AS text[]), CAST(:queues AS text[]), "
-    "CAST(:limit AS integer), CAST(:lease AS float8))"
+    "parent_id, attempt, max_attempts FROM postjob.checkout_v3(CAST(:worker_id AS bigint), "
+    "CAST(:identifier AS varchar), CAST(:workflows AS text[]), CAST(:versions AS text[]), "
+    "CAST(:queues AS text[]), CAST(:limit AS integer), CAST(:lease AS float8), "
+    "CAST(:promote AS boolean))"
 )
 
-#: The ids whose outcome was recorded (the others had lost their lease).
+#: Record outcomes (one JSON array) and release the leases ``done``: rows for the outcomes not
+#: recorded ('lost') and the sleeps woken at once ('woken').
 JOB_FINISH = text(
-    "SELECT postjob.finish_jobs(CAST(:ids AS bigint[]), CAST(:leases AS bigint[]), "
-    "CAST(:outcomes AS text[]), CAST(:results AS jsonb[]), CAST(:errors AS text[]), "
-    "CAST(:messages AS text[]), CAST(:backtraces AS jsonb[]), CAST(:versions AS text[]), "
-    "CAST(:awaiting AS bigint[]), CAST(:fast AS boolean))"
+    "SELECT kind, id FROM postjob.finish_jobs_v3(CAST(:outcomes AS jsonb), CAST(:done AS bigint[]))"
+)
+
+#: After outcomes recorded through the API: the leases none of whose jobs runs under them any
+#: more end.
+LEASES_END = text(
+    "DELETE FROM postjob.leases l WHERE l.token = ANY(CAST(:tokens AS bigint[])) "
+    "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs j "
+    "WHERE j.id = ANY(l.job_ids) AND j.lease_token = l.token)"
 )
 
 TOKEN_JOB = text(
@@ -180,22 +188,31 @@ JOBS_REAP = text("SELECT postjob.reap_v2()")
 # -- jobs no running worker knows (postjob_sa.worker.unknown) --------------------------------
 
 #: The workflows of due jobs that no live worker has registered, with how many jobs are due for
-#: each, most first. The distinct workflows of runnable jobs are found by a loose index scan of
-#: the runnable index (one probe per workflow, however many jobs wait), so the cost grows with
-#: the number of workflows and of the jobs no worker knows, never with the size of the table.
-#: Manual steps wait for a person, not a worker: never counted.
+#: each, most first: due ones, and the ones whose time has come that no worker made due yet.
+#: The distinct workflows are found by loose scans of the waiting jobs' two indexes (one probe
+#: per workflow, however many jobs wait), so the cost grows with the number of workflows and of
+#: the jobs no worker knows, never with the jobs. Manual steps wait for a person, not a
+#: worker: they are neither due nor timed, so never counted.
 WORKFLOWS_UNKNOWN = (
-    "WITH RECURSIVE names(workflow) AS ("
-    "  SELECT min(workflow) FROM postjob.postjobs WHERE status IN ('ready', 'err') "
+    "WITH RECURSIVE due(workflow) AS ("
+    "  SELECT min(workflow) FROM postjob.waiting WHERE due "
     "  UNION ALL "
-    "  SELECT (SELECT min(p.workflow) FROM postjob.postjobs p "
-    "          WHERE p.status IN ('ready', 'err') AND p.workflow > n.workflow) "
-    "  FROM names n WHERE n.workflow IS NOT NULL) "
+    "  SELECT (SELECT min(w.workflow) FROM postjob.waiting w WHERE w.due AND w.workflow > d.workflow) "
+    "  FROM due d WHERE d.workflow IS NOT NULL), "
+    "timed(workflow) AS ("
+    "  SELECT min(workflow) FROM postjob.waiting WHERE NOT due AND run_at IS NOT NULL "
+    "  UNION ALL "
+    "  SELECT (SELECT min(w.workflow) FROM postjob.waiting w "
+    "          WHERE NOT w.due AND w.run_at IS NOT NULL AND w.workflow > t.workflow) "
+    "  FROM timed t WHERE t.workflow IS NOT NULL), "
+    "names AS (SELECT workflow FROM due UNION SELECT workflow FROM timed) "
     "SELECT u.workflow, u.jobs FROM ("
-    "  SELECT n.workflow, (SELECT count(*) FROM postjob.postjobs p "
-    "     WHERE p.status IN ('ready', 'err') AND p.workflow = n.workflow "
-    "     AND p.next_run_at <= now()) AS jobs "
-    "  FROM names n WHERE n.workflow IS NOT NULL AND n.workflow <> '__manual__' "
+    "  SELECT n.workflow, (SELECT count(*) FROM postjob.waiting w "
+    "     WHERE w.workflow = n.workflow AND w.due) "
+    "   + (SELECT count(*) FROM postjob.waiting w "
+    "     WHERE w.workflow = n.workflow AND NOT w.due AND w.run_at IS NOT NULL "
+    "     AND w.run_at <= now()) AS jobs "
+    "  FROM names n WHERE n.workflow IS NOT NULL "
     "  AND NOT EXISTS (SELECT 1 FROM postjob.workers w "
     "                  WHERE w.expires_at > now() AND n.workflow = ANY (w.workflows))) u "
     "WHERE u.jobs > 0 ORDER BY u.jobs DESC, u.workflow"
@@ -216,13 +233,15 @@ QUEUE_LIMITS_SET = text(
 
 QUEUE_LIMITS_DELETE = text("DELETE FROM postjob.queue_limits WHERE queue = :queue")
 
-#: Each limited queue with its processing jobs and its starts in the last period.
+#: Each limited queue with its jobs running (under the leases of their checkouts) and its
+#: starts in the last period.
 QUEUE_LIMITS_REPORT = text(
     "SELECT l.queue, l.concurrency, l.rate, l.period, "
-    "(SELECT count(*) FROM postjob.postjobs j "
-    " WHERE j.queue = l.queue AND j.status = 'processing') AS processing, "
-    "(SELECT COALESCE(sum(c), 0) FROM unnest(l.rate_slots, l.rate_counts) AS r(s, c) "
-    " WHERE r.s >= floor((EXTRACT(EPOCH FROM now()) - l.period) / (l.period / 20))) AS started "
+    "(SELECT count(*) FROM postjob.leases le CROSS JOIN unnest(le.job_ids) AS h(id) "
+    " JOIN postjob.postjobs j ON j.id = h.id AND j.lease_token = le.token "
+    " WHERE j.queue = l.queue) AS processing, "
+    "(SELECT count(*) FROM postjob.queue_starts s WHERE s.queue = l.queue "
+    " AND s.started_at > now() - postjob._period(l.period)) AS started "
     "FROM postjob.queue_limits l ORDER BY l.queue"
 )
 

@@ -36,7 +36,7 @@ class Pending(BaseException):
 
 class RunningJob(NamedTuple):
     """The job whose workflow is running (see :func:`current_job`); fields in the order of the
-    worker's checkout columns."""
+    worker's checkout columns. ``attempt`` is which attempt this run is (1 for the first)."""
 
     id: int
     lease_token: int | None
@@ -47,6 +47,8 @@ class RunningJob(NamedTuple):
     root_id: int
     full_id: str
     parent_id: int | None
+    attempt: int = 1
+    max_attempts: int = 5
 
 
 @dataclass
@@ -179,6 +181,8 @@ class _RunContext:
     adb: _AsyncDb | None = None
     #: whether the worker's heartbeat found the job no longer this run's (by job id)
     lost: Callable[[int], bool] | None = None
+    #: the worker's fast mode (tests): the default back-off waits 0.01 s, not 10 s
+    fast_mode: bool = False
     _children: dict[_ChildKey, dict[str, Any]] | None = None
     pending: dict[_ChildKey, _ChildSpec] = field(default_factory=dict)
 

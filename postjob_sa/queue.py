@@ -15,14 +15,14 @@ from typing import Any
 from sqlalchemy import URL, Connection, Engine, select
 from sqlalchemy.orm import Session, make_transient_to_detached
 
-from postjob_sa import _metrics, _sql, _validate
+from postjob_sa import _backoff, _metrics, _sql, _validate
 from postjob_sa._db import check_driver, worker_identifier
 from postjob_sa._migrations import schema_checked
 from postjob_sa._operations import JobOperations
 from postjob_sa.errors import InvalidArgument, InvalidJobState
 from postjob_sa.models import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MANUAL_WORKFLOW, Job, Status
 from postjob_sa.registry import Registry, Workflow, default_registry
-from postjob_sa.worker.executor import MAX_MESSAGE_CHARS, Outcome, error_name, finish_params
+from postjob_sa.worker.executor import MAX_MESSAGE_CHARS, Outcome, error_name, outcomes_json
 from postjob_sa.worker.loop import Worker
 from postjob_sa.worker.options import WorkerOptions
 from postjob_sa.worker.wakeup import wakeup_url_of
@@ -285,7 +285,7 @@ class JobQueue(JobOperations):
             "worker_id": None, "identifier": self.identifier,
             "workflows": names, "versions": versions,
             "queues": [_validate.name(q, "queue") for q in queues] if queues is not None else None,
-            "limit": limit, "lease": self.lease,
+            "limit": limit, "lease": self.lease, "promote": True,
         }
         ids = list(self.session.execute(_sql.JOB_CHECKOUT, params).scalars())
         if not ids:
@@ -296,9 +296,12 @@ class JobQueue(JobOperations):
         return [jobs[i] for i in ids]
 
     def _finish(self, outcome: Outcome) -> None:
-        accepted = self.session.execute(_sql.JOB_FINISH, finish_params([outcome], self.fast_mode)).scalar_one()
-        if outcome.job_id not in accepted:
+        rows = self.session.execute(_sql.JOB_FINISH,
+                                    {"outcomes": outcomes_json([outcome]), "done": []}).all()
+        if any(kind == "lost" for kind, _ in rows):
             raise InvalidJobState(f"job {outcome.job_id} is not checked out under this lease")
+        # the checkout's lease ends once none of its jobs runs under it
+        self.session.execute(_sql.LEASES_END, {"tokens": [outcome.lease_token]})
 
     @schema_checked
     def complete(self, job: Job, result: Any = None) -> None:
@@ -313,11 +316,15 @@ class JobQueue(JobOperations):
         if not isinstance(error, BaseException):
             raise InvalidArgument(f"error must be an exception, not {error!r}")
         message = _validate.text(str(error)[:MAX_MESSAGE_CHARS], "the error message")
+        wf = self.registry.get(job.workflow)
         self._finish(
             Outcome(
                 job.id, job.lease_token, "err" if retry else "failed",
                 error=_validate.text(error_name(error), "the error class"), message=message,
                 version=job.workflow_version,
+                retry_in=_backoff.delay(wf.backoff if wf else None, job.failed_attempts + 1,
+                                        fast=self.fast_mode, workflow=job.workflow)
+                if retry else None,
             )
         )
         self.session.expire(job)

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 import postjob_sa
 from postjob_sa._migrations import VERSIONS_DIR
+from postjob_sa.alembic._sql_files import SQL_DIR
 
 LOCK_KEY = 4242_0001
 
@@ -50,8 +51,9 @@ def _server_url() -> URL:
 
 
 def _template_name() -> str:
+    """Named by a digest of what the revisions install: their files and the SQL they read."""
     digest = hashlib.sha1()
-    for path in sorted(VERSIONS_DIR.glob("*.py")):
+    for path in [*sorted(VERSIONS_DIR.glob("*.py")), *sorted(SQL_DIR.rglob("*.sql"))]:
         digest.update(path.read_bytes())
     return f"postjob_tpl_{digest.hexdigest()[:12]}"
 

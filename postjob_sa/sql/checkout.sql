@@ -100,13 +100,13 @@ $$;
 -- Lock up to p_counts[i] due jobs of each group i (SKIP LOCKED: passed over when another
 -- transaction holds them) and hand them out under p_token: their waiting rows go, their
 -- records become processing (a HOT update: no index of postjob.postjobs covers what changes),
--- and the lease row names them. Returns them in the order to run them.
+-- and the lease row names them. Returns them in the order to run them, each with its group.
 CREATE OR REPLACE FUNCTION postjob._take(
   p_workflows varchar[], p_versions varchar[], p_queues varchar[], p_counts integer[],
   p_token bigint, p_worker_id bigint, p_identifier varchar, p_lease double precision)
 RETURNS TABLE (id bigint, workflow varchar, workflow_version varchar, args jsonb,
                queue varchar, root_id bigint, full_id varchar, parent_id bigint,
-               attempt integer, max_attempts integer)
+               attempt integer, max_attempts integer, grp integer)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -114,8 +114,9 @@ DECLARE
 BEGIN
   RETURN QUERY
   WITH picked AS (
-    SELECT p.job_id
-    FROM unnest(p_workflows, p_versions, p_queues, p_counts) AS g(workflow, version, queue, n)
+    SELECT p.job_id, g.i
+    FROM unnest(p_workflows, p_versions, p_queues, p_counts)
+      WITH ORDINALITY AS g(workflow, version, queue, n, i)
     CROSS JOIN LATERAL (
       SELECT w.job_id FROM postjob.waiting w
       WHERE w.workflow = g.workflow AND w.workflow_version = g.version AND w.queue = g.queue
@@ -124,7 +125,9 @@ BEGIN
       LIMIT g.n
       FOR UPDATE SKIP LOCKED) p
   ), gone AS (
-    DELETE FROM postjob.waiting w USING picked p WHERE w.job_id = p.job_id
+    -- by id from an array, never a join: a generic plan would not know picked is small and
+    -- might hash the whole table
+    DELETE FROM postjob.waiting w WHERE w.job_id = ANY (ARRAY(SELECT p.job_id FROM picked p))
     RETURNING w.job_id, w.priority, w.run_at
   ), taken AS (
     UPDATE postjob.postjobs j SET
@@ -143,7 +146,7 @@ BEGIN
       worker_id = p_worker_id,
       updated_at = v_now
     FROM gone
-    WHERE j.id = gone.job_id
+    WHERE j.id = ANY (ARRAY(SELECT g.job_id FROM gone g)) AND j.id = gone.job_id
     RETURNING j.id, j.workflow, j.workflow_version, j.args, j.queue, j.root_id, j.full_id,
               j.parent_id, j.failed_attempts + 1 AS attempt, j.max_attempts, gone.priority,
               gone.run_at
@@ -154,8 +157,8 @@ BEGIN
     ON CONFLICT (token) DO UPDATE SET job_ids = postjob.leases.job_ids || EXCLUDED.job_ids
   )
   SELECT t.id, t.workflow, t.workflow_version, t.args, t.queue, t.root_id, t.full_id,
-         t.parent_id, t.attempt, t.max_attempts
-  FROM taken t
+         t.parent_id, t.attempt, t.max_attempts, p.i::integer
+  FROM taken t JOIN picked p ON p.job_id = t.id
   ORDER BY t.priority DESC, t.run_at, t.id;
 END;
 $$;
@@ -226,6 +229,7 @@ DECLARE
   v_queues varchar[];
   v_counts integer[];
   v_limited varchar[];
+  v_full varchar[];
   v_limits postjob.queue_limits;
   v_left integer := p_limit;
   v_round integer := 0;
@@ -241,6 +245,8 @@ DECLARE
   v_start_numbers integer[];
   v_taken_ids bigint[];
   v_taken_queues varchar[];
+  v_taken_groups integer[];
+  v_dry integer[] := '{}';  -- groups that gave less than their share
   v_row record;
 BEGIN
   IF p_limit IS NULL OR p_limit < 1 THEN
@@ -257,9 +263,31 @@ BEGIN
   IF v_wfs IS NULL THEN
     RETURN;  -- nothing due
   END IF;
-  v_token := nextval('postjob.lease_tokens');
-  SELECT array_agg(DISTINCT l.queue) INTO v_limited
+  -- the groups' limited queues, and those with nothing free now (left out at once)
+  SELECT array_agg(l.queue),
+         array_agg(l.queue) FILTER (WHERE
+           (l.concurrency IS NOT NULL AND NOT EXISTS (
+              SELECT 1 FROM postjob.queue_slots s
+              WHERE s.queue = l.queue AND s.slot <= l.concurrency AND s.job_id IS NULL))
+           OR (l.rate IS NOT NULL AND NOT EXISTS (
+              SELECT 1 FROM postjob.queue_starts s
+              WHERE s.queue = l.queue AND s.n <= l.rate
+                AND (s.started_at IS NULL
+                     OR s.started_at <= v_now - postjob._period(l.period)))))
+    INTO v_limited, v_full
     FROM postjob.queue_limits l WHERE l.queue = ANY (v_queues);
+  IF v_full IS NOT NULL THEN
+    SELECT array_agg(g.w ORDER BY g.i), array_agg(g.v ORDER BY g.i), array_agg(g.q ORDER BY g.i)
+      INTO v_wfs, v_versions, v_queues
+      FROM unnest(v_wfs, v_versions, v_queues) WITH ORDINALITY AS g(w, v, q, i)
+      WHERE g.q <> ALL (v_full);
+    IF v_wfs IS NULL THEN
+      RETURN;  -- every group is in a queue at its limit
+    END IF;
+    v_limited := NULLIF(ARRAY(SELECT q FROM unnest(v_limited) AS q WHERE q <> ALL (v_full)),
+                        '{}');
+  END IF;
+  v_token := nextval('postjob.lease_tokens');
 
   IF cardinality(v_wfs) = 1 AND v_limited IS NULL THEN
     RETURN QUERY
@@ -284,11 +312,13 @@ BEGIN
           SELECT w.priority, w.run_at, w.job_id FROM postjob.waiting w
           WHERE w.workflow = g.workflow AND w.workflow_version = g.version
             AND w.queue = g.queue AND w.due
+            AND (w.timing_out_at IS NULL OR w.timing_out_at > v_now)
           ORDER BY w.priority DESC, w.run_at, w.job_id
-          LIMIT CASE WHEN g.queue = ANY (v_limited) THEN (
-                   SELECT postjob._permits_free(l, v_left) FROM postjob.queue_limits l
-                   WHERE l.queue = g.queue)
-                 ELSE v_left END) w
+          LIMIT CASE WHEN g.i = ANY (v_dry) THEN 0
+                     WHEN g.queue = ANY (v_limited) THEN (
+                       SELECT postjob._permits_free(l, v_left) FROM postjob.queue_limits l
+                       WHERE l.queue = g.queue)
+                     ELSE v_left END) w
         ORDER BY w.priority DESC, w.run_at, w.job_id
         LIMIT v_left) m ON m.i = s.i
       GROUP BY s.i ORDER BY s.i);
@@ -332,6 +362,7 @@ BEGIN
 
     v_taken_ids := '{}';
     v_taken_queues := '{}';
+    v_taken_groups := array_fill(0, ARRAY[cardinality(v_wfs)]);
     FOR v_row IN
       SELECT t.* FROM postjob._take(v_wfs, v_versions, v_queues, v_counts, v_token,
                                     p_worker_id, p_identifier, p_lease) t
@@ -343,7 +374,11 @@ BEGIN
       RETURN NEXT;
       v_taken_ids := v_taken_ids || v_row.id;
       v_taken_queues := v_taken_queues || v_row.queue;
+      v_taken_groups[v_row.grp] := v_taken_groups[v_row.grp] + 1;
     END LOOP;
+    -- a group that gave less than its share has no more to give now
+    v_dry := v_dry || ARRAY(SELECT i FROM generate_subscripts(v_counts, 1) AS i
+                            WHERE v_taken_groups[i] < v_counts[i]);
 
     IF v_limited IS NOT NULL THEN
       -- each job of a limited queue takes one of the places and starts locked for it (the

@@ -36,7 +36,8 @@ RETURNS integer LANGUAGE sql AS $$
   SELECT postjob.reap_v3(p_limit)
 $$;
 
--- pj0007's checkout: as checkout_v3 (no promotion: it runs in the caller's transaction).
+-- pj0007's checkout: as checkout_v3 (promoting first, as the pj0007 checkout took the jobs
+-- whose time had come).
 CREATE OR REPLACE FUNCTION postjob.checkout_v2(
   p_worker_id bigint, p_identifier varchar, p_workflows text[], p_versions text[],
   p_queues text[], p_limit integer, p_lease double precision)
@@ -46,7 +47,7 @@ LANGUAGE sql AS $$
   SELECT c.id, c.lease_token, c.workflow, c.workflow_version, c.args, c.queue, c.root_id,
          c.full_id, c.parent_id
   FROM postjob.checkout_v3(p_worker_id, p_identifier, p_workflows, p_versions, p_queues,
-                           p_limit, p_lease, false) c
+                           p_limit, p_lease, true) c
 $$;
 
 -- pj0007's outcomes, as parallel arrays, with the retry delay the pj0007 release used (its

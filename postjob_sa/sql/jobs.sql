@@ -41,7 +41,7 @@ BEGIN
     INSERT INTO postjob.waiting (job_id, status, workflow, workflow_version, queue, priority,
                                  run_at, due, timing_out_at)
     SELECT a.id, a.status, a.workflow, a.workflow_version, a.queue, a.priority, t.run_at,
-           t.run_at <= statement_timestamp(), a.timing_out_at
+           COALESCE(t.run_at <= statement_timestamp(), false), a.timing_out_at
     FROM added a
     CROSS JOIN LATERAL (SELECT CASE WHEN a.status IN ('ready', 'err')
                                      AND a.workflow <> '__manual__'

@@ -86,6 +86,8 @@ BEGIN
       CROSS JOIN LATERAL unnest(l.job_ids) AS h(id)
       JOIN postjob.postjobs j ON j.id = h.id AND j.lease_token = l.token
       WHERE l.token = ANY (v_tokens)
+        AND j.id = ANY (ARRAY(SELECT unnest(job_ids) FROM postjob.leases
+                              WHERE token = ANY (v_tokens)))
       ORDER BY j.id
       FOR UPDATE OF j SKIP LOCKED
     ), reaped AS (
@@ -107,7 +109,7 @@ BEGIN
         worker_id = NULL,
         unique_key_held = j.unique_key_held AND j.failed_attempts + 1 < j.max_attempts,
         updated_at = v_now
-      FROM zombies WHERE j.id = zombies.id
+      FROM zombies WHERE j.id = ANY (ARRAY(SELECT z.id FROM zombies z)) AND j.id = zombies.id
       RETURNING j.id, j.status
     )
     SELECT array_agg(id) FILTER (WHERE status = 'err'),
@@ -138,7 +140,7 @@ BEGIN
     LIMIT p_limit
     FOR UPDATE SKIP LOCKED
   ), gone AS (
-    DELETE FROM postjob.waiting w USING expired e WHERE w.job_id = e.job_id
+    DELETE FROM postjob.waiting w WHERE w.job_id = ANY (ARRAY(SELECT e.job_id FROM expired e))
     RETURNING w.job_id
   ), ended AS (
     UPDATE postjob.postjobs j SET
@@ -151,7 +153,8 @@ BEGIN
       awaiting_id = NULL,
       unique_key_held = false,
       updated_at = v_now
-    FROM gone WHERE j.id = gone.job_id AND j.status IN ('ready', 'err', 'sleep')
+    FROM gone WHERE j.id = ANY (ARRAY(SELECT g.job_id FROM gone g)) AND j.id = gone.job_id
+      AND j.status IN ('ready', 'err', 'sleep')
     RETURNING j.id
   )
   SELECT array_agg(id) INTO v_timeouts FROM ended;
@@ -211,47 +214,39 @@ BEGIN
 END;
 $$;
 
--- When a limited queue may start a job next: now when a place and a start are free, when its
--- oldest start frees up when only the rate holds it back, NULL when all its places are taken
--- (the end of a run that frees one wakes the idle workers).
-CREATE OR REPLACE FUNCTION postjob._permits_next(p_limits postjob.queue_limits)
+-- When a rate-limited queue may start a job next: when its oldest start is a period old (now,
+-- when a start is free).
+CREATE OR REPLACE FUNCTION postjob._next_start(p_limits postjob.queue_limits)
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
-  SELECT CASE
-    WHEN p_limits.concurrency IS NOT NULL AND NOT EXISTS (
-      SELECT 1 FROM postjob.queue_slots s
-      WHERE s.queue = p_limits.queue AND s.slot <= p_limits.concurrency AND s.job_id IS NULL)
-      THEN NULL
-    WHEN p_limits.rate IS NULL THEN statement_timestamp()
-    ELSE (SELECT greatest(statement_timestamp(),
-                          COALESCE(min(s.started_at), '-infinity') + postjob._period(p_limits.period))
-          FROM (SELECT s.started_at FROM postjob.queue_starts s
-                WHERE s.queue = p_limits.queue AND s.n <= p_limits.rate
-                ORDER BY s.started_at NULLS FIRST LIMIT 1) s)
-  END
+  SELECT greatest(statement_timestamp(),
+                  COALESCE(min(s.started_at), '-infinity') + postjob._period(p_limits.period))
+  FROM (SELECT s.started_at FROM postjob.queue_starts s
+        WHERE s.queue = p_limits.queue AND s.n <= p_limits.rate
+        ORDER BY s.started_at NULLS FIRST LIMIT 1) s
 $$;
 
--- Before an idle worker waits: reap when asked, make due what has come due, then the seconds
--- until there may be work for it (0 or less: due now; NULL: nothing in sight): a due job of
--- its own, the next of its jobs to come due, a limited queue's next start, the next deadline,
--- the moment a lease would be presumed abandoned.
+-- Before an idle worker waits (its checkout found nothing it could take): reap when asked,
+-- make due what has come due, then the seconds until there may be work for it (0: now; NULL:
+-- nothing in sight): jobs it just made due, the next of its jobs to come due, the next start
+-- of a rate-limited queue where jobs of its wait, the next deadline, the moment a lease would
+-- be presumed abandoned. Jobs due now that its checkout did not take are another checkout's,
+-- or in a queue whose places are all taken (the end of a run there wakes the idle workers):
+-- nothing here reads them, so what lies in levels, queues or times it cannot take costs the
+-- wait nothing.
 CREATE OR REPLACE FUNCTION postjob.worker_idle(
   p_workflows text[], p_versions text[], p_queues text[], p_reap boolean)
 RETURNS double precision
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
   v_now timestamptz := statement_timestamp();
-  v_next timestamptz;
 BEGIN
   IF p_reap THEN
     PERFORM postjob.reap_v3();
   END IF;
-  PERFORM postjob._promote(p_workflows, p_versions);
-  SELECT min(CASE WHEN l.queue IS NULL THEN v_now ELSE postjob._permits_next(l) END)
-    INTO v_next
-    FROM postjob._due_groups(p_workflows, p_versions, p_queues) g
-    LEFT JOIN postjob.queue_limits l ON l.queue = g.queue;
-  v_next := LEAST(
-    v_next,
+  IF postjob._promote(p_workflows, p_versions) > 0 THEN
+    RETURN 0;
+  END IF;
+  RETURN EXTRACT(EPOCH FROM LEAST(
     (SELECT min(s.run_at)
        FROM postjob._served_keys(p_workflows, p_versions) k
        CROSS JOIN LATERAL (
@@ -259,10 +254,17 @@ BEGIN
          WHERE w.workflow = k.workflow AND w.workflow_version = k.workflow_version
            AND NOT w.due AND w.run_at IS NOT NULL
          ORDER BY w.run_at LIMIT 1) s),
+    (SELECT min(postjob._next_start(l))
+       FROM postjob.queue_limits l
+       WHERE l.rate IS NOT NULL AND (p_queues IS NULL OR l.queue = ANY (p_queues))
+         AND EXISTS (SELECT 1 FROM postjob._served_keys(p_workflows, p_versions) k
+                     JOIN postjob.waiting w ON w.workflow = k.workflow
+                      AND w.workflow_version = k.workflow_version AND w.queue = l.queue
+                     WHERE w.due)),
     (SELECT min(timing_out_at) FROM postjob.waiting WHERE timing_out_at IS NOT NULL),
     (SELECT min(l.expires_at) FROM postjob.leases l WHERE l.worker_id IS NULL),
     (SELECT min(w.expires_at) FROM postjob.workers w
-      WHERE EXISTS (SELECT 1 FROM postjob.leases l WHERE l.worker_id = w.id)));
-  RETURN EXTRACT(EPOCH FROM v_next - v_now)::double precision;
+      WHERE EXISTS (SELECT 1 FROM postjob.leases l WHERE l.worker_id = w.id))) - v_now
+  )::double precision;
 END;
 $$;

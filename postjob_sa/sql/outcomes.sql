@@ -31,6 +31,7 @@ DECLARE
   v_woken bigint[];
   v_runnable boolean;
   v_waiting boolean;
+  v_ids bigint[];
 BEGIN
   IF jsonb_array_length(p_outcomes) > 0 THEN
     SELECT array_agg((e->>0)::bigint), array_agg((e->>8)::bigint)
@@ -51,6 +52,7 @@ BEGIN
         WHERE id = ANY (v_sleeping) AND status = 'processing' AND next_run_at IS NOT NULL;
     END IF;
 
+    v_ids := ARRAY(SELECT (e->>0)::bigint FROM jsonb_array_elements(p_outcomes) e);
     WITH o AS (
       SELECT (e->>0)::bigint AS id, (e->>1)::bigint AS token, e->>2 AS kind, e->3 AS result,
              e->>4 AS error, e->>5 AS message, e->6 AS backtrace, e->>7 AS version,
@@ -98,7 +100,8 @@ BEGIN
       FROM i
       -- the lease token alone fences: it is set exactly while the job is processing (a check
       -- constraint says so)
-      WHERE j.id = i.id AND j.lease_token = i.token
+      -- (by id from an array too: a generic plan would not know the batch is small)
+      WHERE j.id = ANY (v_ids) AND j.id = i.id AND j.lease_token = i.token
       RETURNING j.id, j.status, j.parent_id, j.workflow, j.workflow_version, j.queue,
                 j.priority, j.next_run_at, j.timing_out_at, i.woken
     ), waits AS (

@@ -1,7 +1,9 @@
-"""Runs one job and turns what its workflow did into an outcome for ``finish_jobs``.
+"""Runs one job and turns what its workflow did into an outcome for ``finish_jobs_v3``.
 
 Whatever the workflow does, the outcome can be stored: a result PostgreSQL would refuse fails the
-job with ``ResultNotJSON``, and error text is escaped (NUL, lone surrogates) and cut to size.
+job with ``ResultNotJSON``, and error text is escaped (NUL, lone surrogates) and cut to size. A
+failed attempt carries the delay before the next one, from the workflow's back-off (policy is
+the code's, not the database's).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from postjob_sa import _json
+from postjob_sa import _backoff, _json
 from postjob_sa.context import Pending, _RunContext, enter, leave
 from postjob_sa.errors import JobCancelled, LeaseLost, NonRecoverable, ResultNotJSON
 from postjob_sa.registry import Workflow
@@ -25,9 +27,9 @@ MAX_MESSAGE_CHARS = 10_000
 MAX_FRAMES = 100
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
-    """How one run ended: the arguments of one row of ``postjob.finish_jobs``."""
+    """How one run ended: one element of the outcomes ``postjob.finish_jobs_v3`` records."""
 
     job_id: int
     lease_token: int | None
@@ -42,10 +44,33 @@ class Outcome:
     interrupt: BaseException | None = None
     workflow: str = ""
     duration: float = 0.0  # seconds the run took
+    #: seconds before the next attempt (err: the workflow's back-off)
+    retry_in: float | None = None
+    #: the attempt this run was, and how many the job has
+    attempt: int | None = None
+    max_attempts: int | None = None
 
     def describe(self) -> str:
         """'job 12 (app.send)', for log lines."""
         return f"job {self.job_id} ({self.workflow})" if self.workflow else f"job {self.job_id}"
+
+    @property
+    def final_failure(self) -> bool:
+        """Whether this failed run fails the job (no retry: non-recoverable, or no attempt left)."""
+        return self.kind == "failed" or (
+            self.kind == "err" and self.attempt is not None and self.max_attempts is not None
+            and self.attempt >= self.max_attempts)
+
+    def element(self) -> str:
+        """This outcome as one element of finish_jobs_v3's JSON array: [id, lease_token, kind,
+        result, error, message, backtrace, version, awaiting, retry_in]."""
+        if self.kind == "ok" and self.error is None:
+            return (f'[{self.job_id},{_json_int(self.lease_token)},"ok",{self.result or "null"},'
+                    f'null,null,null,{_json_text(self.version)},null,null]')
+        return (f"[{self.job_id},{_json_int(self.lease_token)},{_json_text(self.kind)},"
+                f"{self.result or 'null'},{_json_text(self.error)},{_json_text(self.message)},"
+                f"{self.backtrace or 'null'},{_json_text(self.version)},"
+                f"{_json_int(self.awaiting)},{'null' if self.retry_in is None else repr(float(self.retry_in))}]")
 
     def rejected(self, reason: str) -> Outcome:
         """This run failed instead, because the database refused its outcome."""
@@ -54,7 +79,21 @@ class Outcome:
             message=_json.storable(f"the database refused the outcome of this run: {reason}",
                                    MAX_MESSAGE_CHARS),
             version=self.version, workflow=self.workflow, duration=self.duration,
+            attempt=self.attempt, max_attempts=self.max_attempts,
         )
+
+
+def _json_int(value: int | None) -> str:
+    return "null" if value is None else str(int(value))
+
+
+def _json_text(value: str | None) -> str:
+    return "null" if value is None else _json.encode(value)
+
+
+def outcomes_json(outcomes: list[Outcome]) -> str:
+    """The outcomes as finish_jobs_v3's argument: one JSON array, built as text."""
+    return "[" + ",".join([o.element() for o in outcomes]) + "]"
 
 
 def error_name(exc: BaseException) -> str:
@@ -65,6 +104,7 @@ def error_name(exc: BaseException) -> str:
 def _error_outcome(ctx: _RunContext, wf: Workflow[Any, Any], kind: str, exc: BaseException) -> Outcome:
     frames = traceback.extract_tb(exc.__traceback__)[-MAX_FRAMES:]
     backtrace = [_json.storable(f"{f.filename}:{f.lineno}:in {f.name}") for f in frames]
+    attempt = ctx.job.attempt
     return Outcome(
         job_id=ctx.job.id,
         lease_token=ctx.job.lease_token,
@@ -73,6 +113,8 @@ def _error_outcome(ctx: _RunContext, wf: Workflow[Any, Any], kind: str, exc: Bas
         message=_json.storable(str(exc), MAX_MESSAGE_CHARS),
         backtrace=_json.encode(backtrace),
         version=wf.version,
+        retry_in=_backoff.delay(wf.backoff, attempt, fast=ctx.fast_mode, workflow=wf.name)
+        if kind == "err" else None,
     )
 
 
@@ -90,8 +132,8 @@ def run_job(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
             outcome = _from_error(ctx, wf, exc, _flush(ctx))
         else:
             outcome = _from_value(ctx, wf, value, _flush(ctx) if ctx.pending else None)
-    except (LeaseLost, JobCancelled):
-        outcome = Outcome(ctx.job.id, ctx.job.lease_token, "lost", version=wf.version)
+    except (LeaseLost, JobCancelled) as gone:
+        outcome = _lost(ctx, wf, gone)
     finally:
         leave(token)
     return _stamped(outcome, ctx, started)
@@ -114,16 +156,24 @@ async def run_job_async(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
         else:
             flush_error = await _flush_async(ctx) if ctx.pending else None
             outcome = _from_value(ctx, wf, value, flush_error)
-    except (LeaseLost, JobCancelled):
-        outcome = Outcome(ctx.job.id, ctx.job.lease_token, "lost", version=wf.version)
+    except (LeaseLost, JobCancelled) as gone:
+        outcome = _lost(ctx, wf, gone)
     finally:
         leave(token)
     return _stamped(outcome, ctx, started)
 
 
+def _lost(ctx: _RunContext, wf: Workflow[Any, Any], gone: BaseException) -> Outcome:
+    """A run that found its job no longer its own: nothing of it is recorded."""
+    return Outcome(ctx.job.id, ctx.job.lease_token, "lost", version=wf.version,
+                   error="cancelled" if isinstance(gone, JobCancelled) else None)
+
+
 def _stamped(outcome: Outcome, ctx: _RunContext, started: float) -> Outcome:
     outcome.workflow = ctx.job.workflow
     outcome.duration = time.monotonic() - started
+    outcome.attempt = ctx.job.attempt
+    outcome.max_attempts = ctx.job.max_attempts
     return outcome
 
 
@@ -184,19 +234,3 @@ def _from_value(ctx: _RunContext, wf: Workflow[Any, Any], value: Any,
         err = ResultNotJSON(f"the workflow returned a value that cannot be stored as JSON: {exc}")
         return _error_outcome(ctx, wf, "failed", err)
     return Outcome(job.id, job.lease_token, "ok", result=result, version=wf.version)
-
-
-def finish_params(outcomes: list[Outcome], fast: bool) -> dict[str, Any]:
-    """The parameters of ``finish_jobs`` for a batch of outcomes."""
-    return {
-        "ids": [o.job_id for o in outcomes],
-        "leases": [o.lease_token for o in outcomes],
-        "outcomes": [o.kind for o in outcomes],
-        "results": [o.result for o in outcomes],
-        "errors": [o.error for o in outcomes],
-        "messages": [o.message for o in outcomes],
-        "backtraces": [o.backtrace for o in outcomes],
-        "versions": [o.version for o in outcomes],
-        "awaiting": [o.awaiting for o in outcomes],
-        "fast": fast,
-    }

@@ -25,6 +25,7 @@ from sqlalchemy import Engine
 
 from postjob_sa import _sql
 from postjob_sa._db import Conn, close_quietly
+from postjob_sa.worker.held import HeldJobs
 from postjob_sa.worker.recorder import Recorder
 
 log = logging.getLogger("postjob_sa.worker")
@@ -98,15 +99,13 @@ class Keeper:
                  pooled: bool = False):
         self.engine = engine
         self.recorder = recorder
+        self.held: HeldJobs = recorder.held
         self.lease = lease
         self.interval = lease / 3.0
         self.identifier = identifier
         self._registration = {"identifier": identifier, "lease": lease, "revision": revision,
                               "workflows": workflows, "queues": queues}
         self.worker_id: int | None = None
-        self._held: dict[int, int] = {}
-        self._lost: set[int] = set()
-        self._lock = threading.Lock()  # held, lost
         self._beat_lock = threading.Lock()  # one beat at a time
         self._next_beat = float("inf")
         # the loop beats on time when it is free; the heartbeat duty steps in when it is late
@@ -132,22 +131,17 @@ class Keeper:
             log.warning("could not unregister the worker (its row expires by itself): %s", exc)
         self.worker_id = None
 
-    # -- the jobs held -------------------------------------------------------------------------
+    # -- the jobs held (the book is the recorder's: recording a job's outcome releases it) -------
 
     def hold(self, leases: Iterable[tuple[int, int]]) -> None:
-        with self._lock:
-            self._held.update(leases)
+        self.held.hold(leases)
 
     def release(self, ids: Iterable[int]) -> None:
-        with self._lock:
-            for i in ids:
-                self._held.pop(i, None)
-                self._lost.discard(i)
+        self.held.release(ids)
 
     def is_lost(self, job_id: int) -> bool:
         """Whether a heartbeat found this job no longer ours (cancelled, reaped, reset)."""
-        with self._lock:
-            return job_id in self._lost
+        return self.held.is_lost(job_id)
 
     # -- beating -------------------------------------------------------------------------------
 
@@ -161,8 +155,7 @@ class Keeper:
     def beat(self, conn: Conn) -> None:
         """Keep the worker alive and extend the leases of its jobs; note those it lost."""
         with self._beat_lock:
-            with self._lock:
-                held = dict(self._held)
+            held = self.held.snapshot()
             lost = conn.scalar(_sql.WORKER_HEARTBEAT, {
                 "worker_id": self.worker_id, "lease": self.lease,
                 "ids": list(held), "leases": list(held.values()),
@@ -174,9 +167,7 @@ class Keeper:
                 self.register(conn)
                 lost = list(held)
             if lost:
-                with self._lock:
-                    fresh = [i for i in lost if i in self._held and i not in self._lost]
-                    self._lost.update(fresh)
+                fresh = self.held.mark_lost(lost)
                 if fresh:
                     log.warning("jobs %s lost their lease (reaped, reset or resolved meanwhile): "
                                 "their outcomes will not be recorded", ", ".join(map(str, fresh)))
@@ -203,4 +194,3 @@ class Keeper:
         outcomes = self.recorder.take()
         if outcomes:
             self.recorder.cycle(conn, outcomes, None, self.worker_id, self.identifier)
-            self.release(o.job_id for o in outcomes)

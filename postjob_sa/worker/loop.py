@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 from sqlalchemy import Engine
 
-from postjob_sa import _metrics
+from postjob_sa import _metrics, _sql
 from postjob_sa._db import Conn, close_quietly
 from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
 from postjob_sa.context import RunningJob, _RunContext
@@ -37,6 +38,10 @@ from postjob_sa.worker.unknown import UnknownWorkflows
 from postjob_sa.worker.wakeup import choose_waker
 
 log = logging.getLogger("postjob_sa.worker")
+
+#: How often a transactional worker makes due its jobs whose time has come (its idle waits do
+#: too).
+PROMOTE_INTERVAL = 0.05
 
 
 class Worker:
@@ -69,7 +74,8 @@ class Worker:
         self.tx_runner = TransactionalRunner(engine, registry, lease=options.lease,
                                              fast_mode=options.fast_mode, pooled=options.pooled)
         self.slots = (Slots(options.concurrency, engine, self.job_loop, self._on_done,
-                            lost=self.keeper.is_lost, pooled=options.pooled)
+                            lost=self.keeper.is_lost, pooled=options.pooled,
+                            fast_mode=options.fast_mode)
                       if options.concurrency > 1 else None)
         self.waker = options.waker or choose_waker(options.pooled, options.wakeup_url,
                                                    options.poll_interval, options.identifier)
@@ -86,6 +92,7 @@ class Worker:
         self.idle = Idle(waker=self.waker, keeper=self.keeper, scheduler=self.scheduler,
                          stopper=self.stopper, unknown=self.unknown, params=self._idle_params)
         self._backlog = False  # the last checkout filled every free slot
+        self._promoted_at = float("-inf")
 
     @property
     def stop_requested(self) -> bool:
@@ -208,7 +215,7 @@ class Worker:
 
     def _idle_params(self, reap: bool) -> dict[str, Any]:
         names, versions = self.lease_pairs[0] + self.tx_pairs[0], self.lease_pairs[1] + self.tx_pairs[1]
-        return {"workflows": names, "workflow_versions": versions, "queues": self.opts.queues,
+        return {"workflows": names, "versions": versions, "queues": self.opts.queues,
                 "reap": reap}
 
     # -- lease mode, one job at a time -------------------------------------------------------
@@ -223,18 +230,18 @@ class Worker:
         assert self.conn is not None
         reap = self.idle.reap_at_checkout()
         names, versions = self.lease_pairs
-        checkout = {"workflows": names, "workflow_versions": versions,
+        checkout = {"workflows": names, "versions": versions,
                     "queues": self.opts.queues, "limit": limit, "reap": reap}
-        outcomes = self.recorder.take()
-        rows = self.recorder.cycle(self.conn, outcomes, checkout, self.keeper.worker_id,
-                                   self.opts.identifier)
-        self.keeper.release(o.job_id for o in outcomes)
+        rows = self.recorder.cycle(self.conn, self.recorder.take(), checkout,
+                                   self.keeper.worker_id, self.opts.identifier)
         self.idle.checked_out(bool(rows), reap)
-        jobs = [RunningJob(**{f: r[f] for f in RunningJob._fields}) for r in rows]
-        self.keeper.hold((j.id, j.lease_token) for j in jobs if j.lease_token is not None)
-        self.started += len(jobs)
-        for job in jobs:
-            _metrics.started(job.workflow, job.queue)
+        jobs = [RunningJob(*r[1:]) for r in rows]
+        if jobs:
+            token = jobs[0].lease_token  # one checkout, one lease
+            assert token is not None
+            self.keeper.hold((j.id, token) for j in jobs)
+            self.started += len(jobs)
+            _metrics.started_many(Counter((j.workflow, j.queue) for j in jobs))
         if jobs and len(jobs) == limit:
             self.waker.backlog()
         return jobs
@@ -257,7 +264,8 @@ class Worker:
     def _run_one(self, job: RunningJob, rest: list[RunningJob]) -> Outcome:
         wf = self.registry.workflows[job.workflow]
         assert self.conn is not None
-        ctx = _RunContext(job, db=self.conn, lost=self.keeper.is_lost)
+        ctx = _RunContext(job, db=self.conn, lost=self.keeper.is_lost,
+                          fast_mode=self.opts.fast_mode)
         future = None
         try:
             with self.stopper.running():
@@ -283,9 +291,10 @@ class Worker:
         with self._count_lock:
             self.ran += 1
         if outcome.kind == "lost":
-            log.warning("%s: lease lost during the run (cancelled, reaped, reset or resolved "
-                        "meanwhile): "
-                        "the run is abandoned", outcome.describe(), extra=job_fields(outcome))
+            why = ("cancelled while it ran" if outcome.error == "cancelled" else
+                   "lease lost during the run (reaped, reset or resolved meanwhile)")
+            log.warning("%s: %s: the run is abandoned", outcome.describe(), why,
+                        extra=job_fields(outcome))
             _metrics.lease_lost(job.workflow)
             self.keeper.release([job.id])
             return
@@ -310,7 +319,6 @@ class Worker:
             self.recorder.put_back(outcomes)
             raise ConnectionError("no connection to record the outcomes on")
         self.recorder.cycle(self.conn, outcomes, None, self.keeper.worker_id, self.opts.identifier)
-        self.keeper.release(o.job_id for o in outcomes)
 
     # -- lease mode, several jobs at once ------------------------------------------------------
 
@@ -365,14 +373,27 @@ class Worker:
 
     # -- transactional mode ------------------------------------------------------------------
 
+    def _promote_transactional(self) -> None:
+        """Make due the transactional jobs whose time has come, now and then, on the loop's own
+        connection: inside a job's transaction the rows it makes due would stay locked for as
+        long as the job runs."""
+        now = time.monotonic()
+        if now - self._promoted_at < PROMOTE_INTERVAL:
+            return
+        assert self.conn is not None
+        self.conn.scalar(_sql.WORKER_PROMOTE, {"workflows": self.tx_pairs[0],
+                                               "versions": self.tx_pairs[1]})
+        self._promoted_at = now
+
     def _transactional_step(self) -> int:
         did = 0
+        self._promote_transactional()
         for (names, versions), is_async in ((self.tx_pairs_sync, False), (self.tx_pairs_async, True)):
             if not names or self._done():
                 continue
             params = {"worker_id": self.keeper.worker_id, "identifier": self.opts.identifier,
                       "workflows": names, "versions": versions, "queues": self.opts.queues,
-                      "limit": 1, "lease": self.opts.lease}
+                      "limit": 1, "lease": self.opts.lease, "promote": False}
             with self.stopper.running():
                 if is_async:
                     job_id = self.job_loop().submit(self.tx_runner.step_async(params)).result()

@@ -1,9 +1,12 @@
 """Outcomes waiting to be recorded, and recording them.
 
-Outcomes are recorded in batches (one ``worker_cycle`` call, together with the next checkout when
-the worker loop records them). A batch must never be lost to one bad outcome: when the database
-refuses a value (or a deadlock persists), the outcomes are recorded one at a time and the job
-whose outcome is refused fails with the reason, while the others are recorded as they are.
+Outcomes are recorded in batches: one ``postjob.worker_cycle_v3`` call, together with the next
+checkout when the worker loop records them, sends them as one JSON array and gets back only
+what did not go as sent (a run that had lost its job; a sleep whose child had ended). What each
+recorded outcome did follows from the outcome itself and the attempt it was, so nothing is read
+back per job. A batch must never be lost to one bad outcome: when the database refuses a value
+(or a deadlock persists), the outcomes are recorded one at a time and the job whose outcome is
+refused fails with the reason, while the others are recorded as they are.
 """
 
 from __future__ import annotations
@@ -13,27 +16,33 @@ import logging
 import random
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 from postjob_sa import _metrics, _sql
 from postjob_sa._db import Conn, Failure, failure
-from postjob_sa.worker.executor import Outcome, finish_params
+from postjob_sa.worker.executor import Outcome, outcomes_json
+from postjob_sa.worker.held import HeldJobs
 
 log = logging.getLogger("postjob_sa.worker")
 
 #: How often a deadlock or serialization conflict is tried again before it counts as an error.
 TRANSIENT_RETRIES = 3
 _NO_CHECKOUT: dict[str, Any] = {
-    "workflows": [], "workflow_versions": [], "queues": None, "limit": 0, "reap": False,
+    "workflows": [], "versions": [], "queues": None, "limit": 0, "reap": False,
 }
+#: The columns of the cycle's rows: kind, then a job's checkout columns (RunningJob's order).
+KIND, ID = 0, 1
 
 
 class Recorder:
     """A thread-safe buffer of outcomes, and the code that records them."""
 
-    def __init__(self, *, fast_mode: bool, lease: float):
+    def __init__(self, *, fast_mode: bool, lease: float, held: HeldJobs | None = None):
         self.fast_mode = fast_mode
         self.lease = lease
+        #: the jobs the worker holds: recording an outcome releases its job
+        self.held = held if held is not None else HeldJobs()
         self._lock = threading.Lock()
         self._buffer: list[Outcome] = []
         self._oldest: float | None = None
@@ -70,13 +79,15 @@ class Recorder:
     # -- recording -----------------------------------------------------------------------------
 
     def cycle(self, conn: Conn, outcomes: list[Outcome], checkout: dict[str, Any] | None,
-              worker_id: int | None, identifier: str) -> list[dict[str, Any]]:
-        """Record ``outcomes`` and, with ``checkout`` parameters, check out the next jobs: one
-        round trip. Returns the rows of the jobs checked out. On a connection failure the
+              worker_id: int | None, identifier: str) -> list[tuple[Any, ...]]:
+        """Record ``outcomes``, release the leases that ended and, with ``checkout``
+        parameters, check out the next jobs: one round trip. Returns the rows of the jobs
+        checked out (``RunningJob``'s columns after the kind). On a connection failure the
         outcomes go back to the buffer and the error propagates."""
-        base = {"worker_id": worker_id, "identifier": identifier, "lease": self.lease,
-                "fast": self.fast_mode}
-        params = {**base, **finish_params(outcomes, self.fast_mode), **(checkout or _NO_CHECKOUT)}
+        base = {"worker_id": worker_id, "identifier": identifier, "lease": self.lease}
+        ended = self.held.take_ended()
+        params = {**base, "outcomes": outcomes_json(outcomes), "done": ended,
+                  **(checkout or _NO_CHECKOUT)}
         try:
             try:
                 rows = self._call(conn, params)
@@ -86,21 +97,20 @@ class Recorder:
                 # one outcome the database refuses must not cost the others: one at a time
                 log.warning("recording %d outcomes failed (%s): recording them one by one",
                             len(outcomes), _one_line(exc))
-                self._done(outcomes, self._one_by_one(conn, outcomes, base))
+                self._done(conn, outcomes, self._one_by_one(conn, outcomes, base))
                 outcomes = []
-                if checkout is None:
-                    return []
-                rows = self._call(conn, {**base, **finish_params([], self.fast_mode), **checkout})
+                rows = self._call(conn, {**params, "outcomes": "[]"})
         except BaseException:
             self.put_back(outcomes)
+            self.held.put_back_ended(ended)
             raise
-        self._done(outcomes, rows)
-        return [r for r in rows if r["kind"] == "job"]
+        self._done(conn, outcomes, rows)
+        return [r for r in rows if r[KIND] == "job"]
 
-    def _call(self, conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
+    def _call(self, conn: Conn, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         for attempt in range(TRANSIENT_RETRIES + 1):
             try:
-                return conn.rows(_sql.WORKER_CYCLE, params)
+                return conn.tuples(_sql.WORKER_CYCLE, params)
             except Exception as exc:
                 if failure(exc) is not Failure.TRANSIENT or attempt == TRANSIENT_RETRIES:
                     raise
@@ -109,39 +119,82 @@ class Recorder:
         raise AssertionError("unreachable")
 
     def _one_by_one(self, conn: Conn, outcomes: list[Outcome],
-                    base: dict[str, Any]) -> list[dict[str, Any]]:
-        done: list[dict[str, Any]] = []
+                    base: dict[str, Any]) -> list[tuple[Any, ...]]:
+        done: list[tuple[Any, ...]] = []
         for outcome in outcomes:
+            one = {**base, **_NO_CHECKOUT, "done": []}
             try:
-                rows = self._call(conn, {**base, **finish_params([outcome], self.fast_mode),
-                                         **_NO_CHECKOUT})
+                rows = self._call(conn, {**one, "outcomes": outcomes_json([outcome])})
             except Exception as exc:
                 if failure(exc) not in (Failure.DATA, Failure.TRANSIENT):
                     raise
                 reason = _one_line(exc)
                 log.error("job %s: the database refused its outcome (%s): the job fails",
                           outcome.job_id, reason, extra=job_fields(outcome))
-                rows = self._call(conn, {**base, **finish_params([outcome.rejected(reason)],
-                                                                 self.fast_mode), **_NO_CHECKOUT})
+                rows = self._call(conn, {**one,
+                                         "outcomes": outcomes_json([outcome.rejected(reason)])})
                 outcome.kind, outcome.error, outcome.message = "failed", "OutcomeRefused", reason
             done.extend(rows)
         return done
 
-    def _done(self, outcomes: list[Outcome], rows: list[dict[str, Any]]) -> None:
-        """Count and log what the database recorded for each outcome."""
-        done = {r["id"]: r for r in rows if r["kind"] == "done"}
+    def _done(self, conn: Conn, outcomes: list[Outcome], rows: list[tuple[Any, ...]]) -> None:
+        """Release, count and log what was recorded (everything sent, but the runs the rows
+        call lost)."""
+        if not outcomes:
+            return
+        self.held.release([o.job_id for o in outcomes])
+        lost: set[int] = set()
+        woken: set[int] = set()
+        for row in rows:
+            if row[KIND] == "lost":
+                lost.add(row[ID])
+            elif row[KIND] == "woken":
+                woken.add(row[ID])
+        finished: Counter[tuple[str, str]] = Counter()
+        info = log.isEnabledFor(logging.INFO)
+        reasons = _why_lost(conn, lost) if lost else {}
         for outcome in outcomes:
-            row = done.get(outcome.job_id)
-            if row is None:
-                log.warning("%s: lease lost (reaped, reset or resolved meanwhile): its %s "
-                            "outcome was not recorded", outcome.describe(), outcome.kind,
+            if outcome.job_id in lost:
+                log.warning("%s: %s: its %s outcome was not recorded", outcome.describe(),
+                            reasons.get(outcome.job_id, _LOST), outcome.kind,
                             extra=job_fields(outcome))
                 _metrics.lease_lost(outcome.workflow)
                 continue
             if outcome.kind != "release":
                 self.recorded += 1
                 self.last_recorded = outcome.job_id
-            log_outcome(outcome, row["status"], row.get("attempt"))
+            finished[outcome.workflow, outcome.kind] += 1
+            if outcome.kind != "release":
+                _metrics.duration(outcome.workflow, outcome.duration)
+            if info or outcome.kind not in _QUIET:
+                log_outcome(outcome, recorded_status(outcome, outcome.job_id in woken))
+        _metrics.finished_many(finished)
+
+
+#: Outcomes logged only at INFO (the others are warnings).
+_QUIET = frozenset({"ok", "sleep"})
+_LOST = "lease lost (reaped, reset or resolved meanwhile)"
+
+
+def _why_lost(conn: Conn, ids: set[int]) -> dict[int, str]:
+    """Why these runs lost their jobs, as a log line says it (cancelled ones by name)."""
+    try:
+        rows = conn.tuples(_sql.JOBS_STATUS_NOW, {"ids": sorted(ids)})
+    except Exception:  # the log line says less, nothing else depends on it
+        return {}
+    return {int(job_id): "cancelled while it ran" if status == "cancelled" else _LOST
+            for job_id, status in rows}
+
+
+def recorded_status(outcome: Outcome, woken: bool = False) -> str:
+    """The status a recorded outcome left its job in."""
+    if outcome.kind == "err":
+        return "failed" if outcome.final_failure else "err"
+    if outcome.kind == "sleep":
+        return "ready" if woken else "sleep"
+    if outcome.kind == "release":
+        return "ready"
+    return outcome.kind
 
 
 #: What a failed run's recorded status means, by (outcome, status recorded).
@@ -155,19 +208,21 @@ _FAILURE_NOTES = {
 def job_fields(outcome: Outcome, attempt: int | None = None,
                status: str | None = None) -> dict[str, Any]:
     """The structured fields of a job's log line (``extra=``; see docs/operations.md)."""
-    return {"job_id": outcome.job_id, "workflow": outcome.workflow, "attempt": attempt,
+    return {"job_id": outcome.job_id, "workflow": outcome.workflow,
+            "attempt": outcome.attempt if attempt is None else attempt,
             "duration": round(outcome.duration, 6), "outcome": outcome.kind, "status": status}
 
 
 def log_outcome(outcome: Outcome, status: str, attempt: int | None = None) -> None:
-    """Count a recorded outcome and write its line: at INFO when it went well, at WARNING with
-    the error class and message (and the status the database recorded) when it failed; the
-    traceback at INFO. Each line carries the fields of :func:`job_fields`."""
-    _metrics.finished(outcome.workflow, outcome.kind, outcome.duration)
+    """Write a recorded outcome's line: at INFO when it went well, at WARNING with the error
+    class and message (and the status the database recorded) when it failed; the traceback at
+    INFO. Each line carries the fields of :func:`job_fields`."""
     took = f"{outcome.duration * 1000:.1f} ms"
     extra = job_fields(outcome, attempt, status)
     if outcome.kind in ("err", "failed"):
         note = _FAILURE_NOTES.get((outcome.kind, status))
+        if status == "err" and outcome.retry_in is not None:
+            note = f"will retry in {outcome.retry_in:g} s"
         log.warning("%s: %s in %s%s: %s: %s", outcome.describe(), status, took,
                     f" ({note})" if note else "", outcome.error, outcome.message, extra=extra)
         if outcome.backtrace and log.isEnabledFor(logging.INFO):

@@ -158,8 +158,10 @@ class Slots:
 
     def __init__(self, size: int, engine: Engine, job_loop: Callable[[], JobLoop],
                  on_done: Callable[[RunningJob, Outcome], None], *,
-                 lost: Callable[[int], bool] | None = None, pooled: bool = False):
+                 lost: Callable[[int], bool] | None = None, pooled: bool = False,
+                 fast_mode: bool = False):
         self.size = size
+        self.fast_mode = fast_mode
         self.prefetch = max(1, size // 2)
         self.capacity = size + self.prefetch
         self.pool = ConnPool(engine, pooled)
@@ -238,7 +240,8 @@ class Slots:
                 continue
             db = _JobDb(self.pool)
             try:
-                outcome = run_job(_RunContext(job, db=db, lost=self.lost), wf)
+                outcome = run_job(_RunContext(job, db=db, lost=self.lost,
+                                             fast_mode=self.fast_mode), wf)
             except BaseException as exc:  # Abort cannot reach a pool thread; be safe anyway
                 outcome = Outcome(job.id, job.lease_token, "release", interrupt=exc,
                                   workflow=job.workflow)
@@ -255,7 +258,8 @@ class Slots:
                     return None
                 db = _JobDb(self.pool)
                 try:
-                    outcome = await run_job_async(_RunContext(job, db=db, lost=self.lost), wf)
+                    outcome = await run_job_async(
+                        _RunContext(job, db=db, lost=self.lost, fast_mode=self.fast_mode), wf)
                 finally:
                     db.done()
         finally:

@@ -11,20 +11,20 @@ checkout) or nothing of the run commits.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from postjob_sa import _metrics, _sql
+from postjob_sa import _backoff, _metrics, _sql
 from postjob_sa._db import Conn, check_driver, no_prepared_statements
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.errors import InvalidJobState
-from postjob_sa.registry import Registry
-from postjob_sa.worker.executor import Outcome, error_name, finish_params, run_job, run_job_async
-from postjob_sa.worker.recorder import log_outcome
+from postjob_sa.registry import Registry, Workflow
+from postjob_sa.worker.executor import Outcome, error_name, outcomes_json, run_job, run_job_async
+from postjob_sa.worker.recorder import log_outcome, recorded_status
 
 log = logging.getLogger("postjob_sa.worker")
 _UNDONE = ("the run undid the worker's transaction (did the workflow run ROLLBACK or COMMIT "
@@ -55,33 +55,31 @@ class TransactionalRunner:
                 if row is None:
                     trans.rollback()
                     return None
-                job = RunningJob(**{f: row[f] for f in RunningJob._fields})
-                _metrics.started(job.workflow, job.queue)
+                job = RunningJob(**row)
+                _metrics.started_many({(job.workflow, job.queue): 1})
                 outcome = self._run(conn, job)
-                accepted = conn.execute(
-                    _sql.JOB_FINISH, finish_params([outcome], self.fast_mode)
-                ).scalar_one()
-                _check_accepted(job, outcome, accepted, trans.rollback)
-                status, attempt = conn.execute(_sql.JOB_RECORDED, {"id": job.id}).one()
+                rows = conn.execute(_sql.JOB_FINISH, _finish(outcome)).all()
+                _check_accepted(job, outcome, rows, trans.rollback)
                 trans.commit()
             except BaseException:
                 if trans.is_active:
                     trans.rollback()
                 raise
-        return _ended(job, outcome, status, attempt)
+        return _ended(job, outcome, rows)
 
     def _run(self, conn: Connection, job: RunningJob) -> Outcome:
         wf = self.registry.workflows[job.workflow]
         writes = conn.begin_nested()  # every write of the job, whatever it commits itself
         session = Session(bind=conn, join_transaction_mode="create_savepoint")
         dbapi = conn.connection.dbapi_connection
-        ctx = _RunContext(job, db=Conn.borrow(dbapi, self.driver), session=session)
+        ctx = _RunContext(job, db=Conn.borrow(dbapi, self.driver), session=session,
+                          fast_mode=self.fast_mode)
         try:
             outcome = run_job(ctx, wf)
             if outcome.kind in _KEPT:
                 session.commit()  # what the workflow left pending belongs to its result
         except Exception as exc:  # the session could not commit: the job's writes are broken
-            outcome = _not_committed(job, wf.version, exc)
+            outcome = _not_committed(job, wf, exc, self.fast_mode)
         finally:
             session.close()
         if outcome.kind in _KEPT and writes.is_active:
@@ -89,7 +87,7 @@ class TransactionalRunner:
                 writes.commit()
                 return outcome
             except Exception as exc:
-                outcome = _not_committed(job, wf.version, exc)
+                outcome = _not_committed(job, wf, exc, self.fast_mode)
         try:
             if writes.is_active:
                 writes.rollback()
@@ -108,33 +106,31 @@ class TransactionalRunner:
                 if row is None:
                     await trans.rollback()
                     return None
-                job = RunningJob(**{f: row[f] for f in RunningJob._fields})
-                _metrics.started(job.workflow, job.queue)
+                job = RunningJob(**row)
+                _metrics.started_many({(job.workflow, job.queue): 1})
                 outcome = await self._run_async(conn, job)
-                accepted = (await conn.execute(
-                    _sql.JOB_FINISH, finish_params([outcome], self.fast_mode))).scalar_one()
-                if job.id not in accepted:
+                rows = (await conn.execute(_sql.JOB_FINISH, _finish(outcome))).all()
+                if _lost(job, rows):
                     await trans.rollback()
-                _check_accepted(job, outcome, accepted, lambda: None)
-                status, attempt = (await conn.execute(_sql.JOB_RECORDED, {"id": job.id})).one()
+                _check_accepted(job, outcome, rows, lambda: None)
                 await trans.commit()
             except BaseException:
                 if trans.is_active:
                     await trans.rollback()
                 raise
-        return _ended(job, outcome, status, attempt)
+        return _ended(job, outcome, rows)
 
     async def _run_async(self, conn: AsyncConnection, job: RunningJob) -> Outcome:
         wf = self.registry.workflows[job.workflow]
         writes = await conn.begin_nested()
         session = AsyncSession(bind=conn, join_transaction_mode="create_savepoint")
-        ctx = _RunContext(job, adb=_AsyncConnDb(conn), session=session)
+        ctx = _RunContext(job, adb=_AsyncConnDb(conn), session=session, fast_mode=self.fast_mode)
         try:
             outcome = await run_job_async(ctx, wf)
             if outcome.kind in _KEPT:
                 await session.commit()
         except Exception as exc:
-            outcome = _not_committed(job, wf.version, exc)
+            outcome = _not_committed(job, wf, exc, self.fast_mode)
         finally:
             await session.close()
         if outcome.kind in _KEPT and writes.is_active:
@@ -142,7 +138,7 @@ class TransactionalRunner:
                 await writes.commit()
                 return outcome
             except Exception as exc:
-                outcome = _not_committed(job, wf.version, exc)
+                outcome = _not_committed(job, wf, exc, self.fast_mode)
         try:
             if writes.is_active:
                 await writes.rollback()
@@ -178,10 +174,14 @@ class _AsyncConnDb:
         return [dict(r) for r in result.mappings()] if result.returns_rows else []
 
 
-def _not_committed(job: RunningJob, version: str, exc: Exception) -> Outcome:
+def _not_committed(job: RunningJob, wf: Workflow[Any, Any], exc: Exception,
+                   fast_mode: bool) -> Outcome:
     return Outcome(job.id, job.lease_token, "err", error=error_name(exc),
                    message=f"the job's writes could not be committed: {exc}",
-                   version=version, workflow=job.workflow)
+                   version=wf.version, workflow=job.workflow, attempt=job.attempt,
+                   max_attempts=job.max_attempts,
+                   retry_in=_backoff.delay(wf.backoff, job.attempt, fast=fast_mode,
+                                           workflow=wf.name))
 
 
 def _no_lost(outcome: Outcome) -> Outcome:
@@ -190,17 +190,29 @@ def _no_lost(outcome: Outcome) -> Outcome:
     return outcome
 
 
-def _check_accepted(job: RunningJob, outcome: Outcome, accepted: list[int],
+def _finish(outcome: Outcome) -> dict[str, Any]:
+    """finish_jobs_v3's parameters for one outcome: its lease ends with it (the checkout
+    handed out one job)."""
+    return {"outcomes": outcomes_json([outcome]), "done": [outcome.lease_token]}
+
+
+def _lost(job: RunningJob, rows: Sequence[Any]) -> bool:
+    return any(r[0] == "lost" and r[1] == job.id for r in rows)
+
+
+def _check_accepted(job: RunningJob, outcome: Outcome, rows: Sequence[Any],
                     rollback: Callable[[], None]) -> None:
-    if job.id not in accepted:
+    if _lost(job, rows):
         # the run undid the checkout (a raw ROLLBACK on the connection): commit nothing of
         # it, and stop rather than run the job again and again
         rollback()
         raise InvalidJobState(f"{outcome.describe()}: {_UNDONE}; nothing of it was committed")
 
 
-def _ended(job: RunningJob, outcome: Outcome, status: Any, attempt: int) -> int:
-    log_outcome(outcome, str(status), attempt)
+def _ended(job: RunningJob, outcome: Outcome, rows: Sequence[Any]) -> int:
+    woken = any(r[0] == "woken" and r[1] == job.id for r in rows)
+    _metrics.finished(outcome.workflow or job.workflow, outcome.kind, outcome.duration)
+    log_outcome(outcome, recorded_status(outcome, woken))
     if outcome.interrupt is not None:
         raise outcome.interrupt
     return job.id

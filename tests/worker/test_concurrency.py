@@ -101,10 +101,12 @@ def test_jobs_of_one_worker_really_run_at_once(engine: Engine, clean: None, work
     print(f"8 jobs of 0.4 s with concurrency 8 ({workflow.name}): {elapsed:.2f} s")
 
 
-def test_each_running_job_holds_its_own_lease(engine: Engine, clean: None) -> None:
+def test_each_running_job_is_fenced_on_its_own(engine: Engine, clean: None) -> None:
+    """Four jobs of one checkout run at once under its lease; cancelling one of them ends that
+    run only: the other three are recorded ok, the cancelled one stays cancelled."""
     gate.clear()
     with Session(engine) as s:
-        JobQueue(s, registry=reg).enqueue_many(held, [[] for _ in range(4)])
+        ids = JobQueue(s, registry=reg).enqueue_many(held, [[] for _ in range(4)])
         s.commit()
     worker = threading.Thread(target=_drain, args=(engine, 4))
     worker.start()
@@ -120,13 +122,17 @@ def test_each_running_job_holds_its_own_lease(engine: Engine, clean: None) -> No
                 break
             time.sleep(0.02)
         assert len(rows) == 4
-        assert len({r[0] for r in rows}) == 4  # four leases
+        assert all(r[0] is not None for r in rows)  # each one fenced
         assert len({r[1] for r in rows}) == 1  # one worker
+        with Session(engine) as s:
+            JobQueue(s, registry=reg).cancel(ids[0])
+            s.commit()
     finally:
         gate.set()
         worker.join(20)
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'")).scalar() == 4
+        statuses = dict(conn.execute(text("SELECT id, status::text FROM postjob.postjobs")).all())
+    assert statuses == {ids[0]: "cancelled", **{i: "ok" for i in ids[1:]}}
 
 
 def test_an_async_fan_out_runs_each_child_once(engine: Engine, clean: None) -> None:

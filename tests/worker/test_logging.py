@@ -70,7 +70,7 @@ def test_a_failed_run_is_logged_with_its_error_and_the_status_recorded(
     with caplog.at_level(logging.WARNING, logger="postjob_sa"):
         _until_final(engine, q)
     assert sorted(_worker_lines(caplog)) == sorted([
-        (logging.WARNING, f"job {flaky_id} (log.flaky): err in T ms (will retry): "
+        (logging.WARNING, f"job {flaky_id} (log.flaky): err in T ms (will retry in 0.01 s): "
                           "ConnectionError: the mail server is down"),
         (logging.WARNING, f"job {flaky_id} (log.flaky): failed in T ms (no attempts left): "
                           "ConnectionError: the mail server is down"),
@@ -107,7 +107,7 @@ def flaky() -> None:
 
 WARNING_LINE = re.compile(
     r"^\d\d:\d\d:\d\d \[\d+\] WARNING job (\d+) \(cli\.flaky\): (err|failed) in \d+\.\d ms "
-    r"\((will retry|no attempts left)\): ConnectionError: the mail server is down$"
+    r"\((will retry in [0-9.]+ s|no attempts left)\): ConnectionError: the mail server is down$"
 )
 
 
@@ -127,7 +127,8 @@ def test_postjob_run_logs_failures_at_warning_and_their_traceback_with_v(
     res = cli(*verbose, "run", "--import", "tasks", "--count", "2", "--fast")
     assert res.returncode == 0, res.stderr
     warnings = [m.groups() for m in map(WARNING_LINE.match, res.stderr.splitlines()) if m]
-    assert warnings == [(job_id, "err", "will retry"), (job_id, "failed", "no attempts left")]
+    assert warnings == [(job_id, "err", "will retry in 0.01 s"),
+                        (job_id, "failed", "no attempts left")]
     tracebacks = res.stderr.count(f"INFO job {job_id} (cli.flaky): traceback (most recent call last):")
     assert tracebacks == (2 if verbose else 0)
     assert ("tasks.py:6:in flaky" in res.stderr) == bool(verbose)

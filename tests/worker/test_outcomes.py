@@ -74,7 +74,13 @@ def test_ok_stores_the_result_as_a_one_element_array_and_stamps_the_version(sess
     assert nothing.status is Status.ok and nothing.results == [None]
 
 
-def test_recoverable_errors_back_off_by_the_formula_then_fail(session: Session) -> None:
+def _delay(job: Job) -> float:
+    assert job.next_run_at is not None
+    return (job.next_run_at - job.updated_at).total_seconds()
+
+
+def test_recoverable_errors_back_off_by_the_default_then_fail(session: Session) -> None:
+    """The seed's back-off, computed by the worker: 10 s, then 1.5 times longer each time."""
     q = _q(session)  # normal mode: base 10 s
     job = q.enqueue(flaky)
     session.commit()
@@ -83,21 +89,75 @@ def test_recoverable_errors_back_off_by_the_formula_then_fail(session: Session) 
     assert job.status is Status.err and job.failed_attempts == 1
     assert job.error == "RuntimeError" and job.error_message == "boom"
     assert job.error_backtrace and any("in flaky" in f for f in job.error_backtrace)
-    delay = (job.next_run_at - job.updated_at).total_seconds()  # type: ignore[operator]
-    assert delay == pytest.approx(10 * 1.5**1, abs=0.01)
-    # make it due and run again: second delay is 10 * 1.5**2
-    session.execute(text("UPDATE postjob.postjobs SET next_run_at = now() WHERE id = :i"), {"i": job.id})
+    assert _delay(job) == pytest.approx(10, abs=0.01)
+    # make it due and run again: the second delay is 10 * 1.5
+    q.force(job.id)
     session.commit()
     assert q.step() == job.id
     job = _job(session, job.id)
     assert job.failed_attempts == 2
-    delay = (job.next_run_at - job.updated_at).total_seconds()  # type: ignore[operator]
-    assert delay == pytest.approx(10 * 1.5**2, abs=0.01)
-    session.execute(text("UPDATE postjob.postjobs SET next_run_at = now() WHERE id = :i"), {"i": job.id})
+    assert _delay(job) == pytest.approx(10 * 1.5, abs=0.01)
+    q.force(job.id)
     session.commit()
     assert q.step() == job.id
     job = _job(session, job.id)
     assert job.status is Status.failed and job.failed_attempts == 3 and job.next_run_at is None
+
+
+attempts_seen: list[int] = []
+
+
+def _linear(attempt: int) -> float:
+    attempts_seen.append(attempt)
+    return 42.0 * attempt
+
+
+@postjob_sa.workflow(name="out.own_backoff", max_attempts=3, backoff=_linear, registry=reg)
+def own_backoff() -> None:
+    raise RuntimeError("again")
+
+
+@postjob_sa.workflow(name="out.broken_backoff", backoff=lambda attempt: 1 / 0, registry=reg)
+def broken_backoff() -> None:
+    raise RuntimeError("again")
+
+
+def test_a_workflow_backs_off_by_its_own_function(session: Session) -> None:
+    """@workflow(backoff=fn): fn(attempt) seconds after the attempt-th failure, fast mode or
+    not (no migration: the worker hands the delay to the database)."""
+    attempts_seen.clear()
+    q = _q(session, fast_mode=True)
+    job = q.enqueue(own_backoff)
+    session.commit()
+    assert q.step() == job.id
+    assert _delay(_job(session, job.id)) == pytest.approx(42, abs=0.01)
+    q.force(job.id)
+    session.commit()
+    assert q.step() == job.id
+    assert _delay(_job(session, job.id)) == pytest.approx(84, abs=0.01)
+    assert attempts_seen == [1, 2]
+
+
+def test_a_back_off_that_raises_falls_back_to_the_default(
+    session: Session, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = _q(session)
+    job = q.enqueue(broken_backoff)
+    session.commit()
+    assert q.step() == job.id
+    job = _job(session, job.id)
+    assert job.status is Status.err and _delay(job) == pytest.approx(10, abs=0.01)
+    assert "its backoff(1) raised ZeroDivisionError" in caplog.text
+
+
+def test_fail_through_the_api_backs_off_by_the_workflow(session: Session) -> None:
+    q = _q(session)
+    job = q.enqueue(own_backoff)
+    session.commit()
+    [held] = q.checkout(["out.own_backoff"])
+    q.fail(held, RuntimeError("by hand"))
+    session.commit()
+    assert _delay(_job(session, job.id)) == pytest.approx(42, abs=0.01)
 
 
 def test_fast_mode_retries_until_max_attempts(session: Session) -> None:

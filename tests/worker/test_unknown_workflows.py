@@ -183,14 +183,17 @@ def test_ps_keeps_the_end_of_a_long_workflow_name(db_url: URL, waiting: dict[str
     assert len(shown) >= 24
 
 
-def test_the_unknown_workflows_query_uses_the_runnable_index(engine: Engine, clean: None) -> None:
-    """A loose index scan: one probe per workflow, whatever the size of the table."""
+def test_the_unknown_workflows_query_uses_the_waiting_jobs_indexes(
+    engine: Engine, clean: None
+) -> None:
+    """Loose index scans: one probe per workflow, whatever the number of jobs."""
     with engine.begin() as conn:
         conn.execute(text(
             "INSERT INTO postjob.postjobs (workflow, status) "
-            "SELECT 'wf' || (i % 20), CASE WHEN i % 100 = 0 THEN 'ready' ELSE 'ok' END::postjob.statuses "
+            "SELECT 'wf' || (i % 20), CASE WHEN i % 2 = 0 THEN 'ready' ELSE 'ok' END::postjob.statuses "
             "FROM generate_series(1, 50000) i"))
         conn.execute(text("ANALYZE postjob.postjobs"))
+        conn.execute(text("ANALYZE postjob.waiting"))
         plan = "\n".join(conn.exec_driver_sql("EXPLAIN " + _sql.WORKFLOWS_UNKNOWN).scalars())
-    assert "Seq Scan on postjobs" not in plan, plan
-    assert "postjobs_runnable_by_group_idx" in plan, plan  # (pj0004: workflow still leads)
+    assert "Seq Scan on waiting" not in plan and "Seq Scan on postjobs" not in plan, plan
+    assert "waiting_due_idx" in plan and "waiting_scheduled_idx" in plan, plan

@@ -243,7 +243,7 @@ DROP FUNCTION postjob._due_groups(text[], text[], text[]);
 DROP FUNCTION postjob._promote(text[], text[], integer);
 DROP FUNCTION postjob._served_keys(text[], text[]);
 DROP FUNCTION postjob._permits_free(postjob.queue_limits, integer);
-DROP FUNCTION postjob._permits_next(postjob.queue_limits);
+DROP FUNCTION postjob._next_start(postjob.queue_limits);
 DROP FUNCTION postjob._period(double precision);
 DROP FUNCTION postjob._make_ready(bigint[], postjob.statuses[]);
 DROP FUNCTION postjob._ended_early(bigint[]);
