@@ -98,11 +98,13 @@ class JobOperations:
     def set_queue_limits(self, queue: str, *, concurrency: int | None = None,
                          rate: int | None = None, period: float = 1.0) -> None:
         """Limit a queue for every worker: at most ``concurrency`` of its jobs processing at
-        once, at most ``rate`` starts in any ``period`` seconds (None: no such limit; both
-        None: the queue is unlimited again). Takes effect at the next checkout."""
+        once, at most ``rate`` starts in any ``period`` seconds (from 1 ms to a year; each
+        limit at most 100,000; None: no such limit; both None: the queue is unlimited
+        again). Takes effect at the next checkout; a change never strands the starts already
+        counted (they are times, not counts)."""
         _limits.set_limits(self.session, _validate.name(queue, "queue"),
                            _validate.count(concurrency, "concurrency"),
-                           _validate.count(rate, "rate"), _validate.seconds(period, "period"))
+                           _validate.count(rate, "rate"), _validate.period(period))
 
     @schema_checked
     def queue_limits(self) -> list[QueueLimit]:

@@ -124,13 +124,32 @@ def priority(value: object) -> int:
     return value
 
 
+#: A queue's limits: at most this many jobs at once, or starts in a period (each is a row the
+#: checkout locks: see postjob_sa/sql/limits.sql).
+MAX_LIMIT = 100_000
+#: A rate limit's period: from a millisecond to a year.
+MIN_PERIOD_SECONDS = 0.001
+MAX_PERIOD_SECONDS = 366 * 86400.0
+
+
 def count(value: object, what: str) -> int | None:
-    """A limit: None, or a whole number from 0 up."""
+    """A limit: None, or a whole number from 0 to MAX_LIMIT."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 31:
-        raise InvalidArgument(f"{what} must be a whole number from 0 up, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LIMIT:
+        raise InvalidArgument(f"{what} must be a whole number from 0 to {MAX_LIMIT}, not {value!r}")
     return value
+
+
+def period(value: object) -> float:
+    """A rate limit's period in seconds: from 1 ms to a year."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument(f"period must be a number of seconds, not {value!r}")
+    if not math.isfinite(value) or not MIN_PERIOD_SECONDS <= value <= MAX_PERIOD_SECONDS:
+        raise InvalidArgument(
+            f"period must be from {MIN_PERIOD_SECONDS:g} s (1 ms) to {MAX_PERIOD_SECONDS:g} s "
+            f"(a year), not {value!r}")
+    return float(value)
 
 
 def job_id(value: object) -> int:

@@ -212,3 +212,62 @@ def test_postjob_job_cancel(db_url: Any, engine: Engine, session: Session) -> No
     assert f"cancelled 1 job(s): {job.id}" in res.stdout
     again = postjob("job", "cancel", str(job.id), url=url_string(db_url))
     assert again.returncode == 2 and "already cancelled" in again.stderr
+
+
+# -- a cancel that meets a spawn (review of round 2) --------------------------------------------
+
+@postjob_sa.workflow(name="cx.spawner", registry=reg)
+def spawner(n: int) -> list[int]:
+    children = [leaf.spawn(i) for i in range(n)]
+    return [c.result() for c in children]
+
+
+SLOW_CHILDREN = """
+CREATE FUNCTION postjob._test_slow_children() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.workflow = 'cx.leaf' AND NEW.parent_id IS NOT NULL THEN
+    PERFORM pg_sleep(0.3);
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER test_slow_children BEFORE INSERT ON postjob.postjobs
+  FOR EACH ROW EXECUTE FUNCTION postjob._test_slow_children();
+"""
+SLOW_CHILDREN_DOWN = ("DROP TRIGGER test_slow_children ON postjob.postjobs; "
+                      "DROP FUNCTION postjob._test_slow_children()")
+
+
+def test_a_cancel_during_a_spawn_cancels_the_children_it_inserts(
+    engine: Engine, clean: None
+) -> None:
+    """The children a run is inserting when the cancel comes are cancelled with their parent
+    (the cancel waits for the spawn, then reads the descendants), and no worker runs them."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(SLOW_CHILDREN)
+    try:
+        with Session(engine) as s:
+            root = JobQueue(s, registry=reg).enqueue(spawner, 3).id
+            s.commit()
+        worker = threading.Thread(
+            target=lambda: JobQueue(Session(engine), registry=reg, fast_mode=True).step())
+        worker.start()
+        deadline = time.monotonic() + 10
+        with engine.connect() as conn:
+            while time.monotonic() < deadline and not conn.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                    "AND query LIKE '%spawn_children%' AND pid <> pg_backend_pid()")).scalar():
+                time.sleep(0.01)
+                conn.rollback()
+        with Session(engine) as s:
+            JobQueue(s, registry=reg).cancel(root)
+            s.commit()
+        worker.join(20)
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(SLOW_CHILDREN_DOWN)
+    with engine.connect() as conn:
+        children = conn.execute(text(
+            "SELECT status::text FROM postjob.postjobs WHERE parent_id = :r"), {"r": root}
+        ).scalars().all()
+    assert children and set(children) == {"cancelled"}, children
+    assert JobQueue(Session(engine), registry=reg, fast_mode=True).drain() == 0

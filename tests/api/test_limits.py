@@ -188,3 +188,143 @@ def test_postjob_queue_limit_and_list(db_url: URL, clean: None) -> None:
     assert_bad_input(postjob("queue", "limit", "mail", url=url), "--concurrency")
     assert_bad_input(postjob("queue", "limit", "mail", "--concurrency", "-1", url=url),
                      "concurrency")
+
+
+# -- the defects review found in round 2 (each failed before its fix) --------------------------
+
+def test_a_longer_period_never_stalls_the_queue(engine: Engine, session: Session) -> None:
+    """Starts are times, not counts by a slot of the period: after three starts under a 0.2 s
+    period, a 0.4 s period lets the queue start again once they are 0.4 s old."""
+    q = _q(session)
+    q.set_queue_limits("r", rate=3, period=0.2)
+    q.enqueue_many(slow, [[0]] * 6, queue="r")
+    session.commit()
+    assert len(q.checkout(limit=6)) == 3
+    session.commit()
+    q.set_queue_limits("r", rate=3, period=0.4)
+    session.commit()
+    assert q.checkout(limit=6) == []  # the three starts are recent under the new period too
+    session.rollback()
+    time.sleep(0.45)
+    assert len(q.checkout(limit=6)) == 3
+    session.commit()
+
+
+def test_changing_or_removing_a_limit_never_stalls_the_queue(session: Session) -> None:
+    q = _q(session)
+    q.set_queue_limits("c", concurrency=1, rate=1, period=3600)
+    q.enqueue_many(slow, [[0]] * 4, queue="c")
+    session.commit()
+    assert len(q.checkout(limit=4)) == 1
+    session.commit()
+    q.set_queue_limits("c", concurrency=2, rate=2, period=3600)  # one more of each
+    session.commit()
+    assert len(q.checkout(limit=4)) == 1
+    session.commit()
+    q.set_queue_limits("c")  # unlimited again
+    session.commit()
+    assert len(q.checkout(limit=4)) == 2
+    session.commit()
+
+
+def test_a_period_below_a_millisecond_is_refused(session: Session) -> None:
+    q = _q(session)
+    for period in (1e-9, 0.0009, 0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(InvalidArgument, match="period"):
+            q.set_queue_limits("p", rate=1, period=period)
+    assert q.queue_limits() == []  # nothing written, the transaction usable
+    q.set_queue_limits("p", rate=1, period=0.001)
+    assert [limit.period for limit in q.queue_limits()] == [0.001]
+
+
+def test_the_cli_refuses_a_tiny_period_in_one_line(db_url: URL, clean: None) -> None:
+    assert_bad_input(postjob("--database-url", url_string(db_url), "queue", "limit", "p",
+                             "--rate", "1", "--per", "0.000000001"), "period")
+
+
+def test_a_checkout_never_fails_because_of_a_stored_limit(engine: Engine, session: Session) -> None:
+    """Whatever a row holds (written by hand, or by older code), checkout works."""
+    q = _q(session)
+    q.enqueue_many(slow, [[0]] * 3, queue="odd")
+    session.commit()
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO postjob.queue_limits (queue, rate, period) "
+                          "VALUES ('odd', 2, 1e-9)"))
+    assert len(q.checkout(limit=3)) == 2
+    session.commit()
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE postjob.queue_limits SET period = 1e300 WHERE queue = 'odd'"))
+    assert q.checkout(limit=3) == []
+    session.commit()
+
+
+@postjob_sa.workflow(name="fx.tx_held", transactional=True, registry=reg)
+def tx_held(session: Session, key: int) -> int:
+    _running.wait(key)
+    return key
+
+
+class _Meeting:
+    """How many transactional jobs are inside their run at once (the most seen)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.inside = 0
+        self.most = 0
+        self.release = threading.Event()
+
+    def wait(self, key: int) -> None:
+        with self.lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            self.lock.notify_all()
+        self.release.wait(20)
+        with self.lock:
+            self.inside -= 1
+
+
+_running = _Meeting()
+
+
+def test_a_limit_lets_that_many_transactional_jobs_run_at_once(
+    engine: Engine, session: Session
+) -> None:
+    """Concurrency 3: three transactional jobs run side by side (each checkout's transaction
+    lasts as long as its job), never a fourth."""
+    global _running
+    _running = _Meeting()
+    q = _q(session)
+    q.set_queue_limits("tx", concurrency=3)
+    q.enqueue_many(tx_held, [[i] for i in range(5)], queue="tx")
+    session.commit()
+
+    def work() -> None:
+        with Session(engine) as s:
+            _q(s).step(transactional=True)
+
+    threads = [threading.Thread(target=work) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    with _running.lock:
+        _running.lock.wait_for(lambda: _running.inside >= 3, timeout=15)
+        three = _running.inside
+    time.sleep(0.3)  # a fourth would be inside by now
+    most = _running.most
+    _running.release.set()
+    for thread in threads:
+        thread.join(30)
+    assert (three, most) == (3, 3)
+
+
+def test_a_limited_queue_at_its_share_leaves_the_batch_to_the_others(session: Session) -> None:
+    """Queue a (one at a time) has due jobs at several priorities above queue b's: a batch of
+    three is a's best and two of b's."""
+    q = _q(session)
+    q.set_queue_limits("a", concurrency=1)
+    best = q.enqueue(slow, 1, queue="a", priority=9).id
+    q.enqueue(slow, 2, queue="a", priority=8)
+    q.enqueue(slow, 3, queue="a", priority=7)
+    b = q.enqueue_many(slow, [[4], [5], [6]], queue="b")
+    session.commit()
+    assert [job.id for job in q.checkout(limit=3)] == [best, *b[:2]]
+    session.commit()
