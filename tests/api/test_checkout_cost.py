@@ -10,9 +10,10 @@ back, so every one finds the same jobs."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, TextClause, text
 
 W, OTHER, Q = "cost.w", "cost.other", "q"
 
@@ -81,10 +82,10 @@ def tables(engine: Engine) -> Iterator[Callable[[str], None]]:
     yield fill
 
 
-def _blocks(conn: Connection, call: Callable[[], object]) -> int:
-    """The buffers ``call`` reads (the statement that counts reads none: catalog only)."""
+def _blocks(conn: Connection, statement: TextClause, params: dict[str, Any]) -> int:
+    """The buffers one statement reads (the statement that counts reads none: catalog only)."""
     before = int(conn.execute(BLOCKS).scalar_one())
-    call()
+    conn.execute(statement, params).all()
     return int(conn.execute(BLOCKS).scalar_one()) - before
 
 
@@ -97,8 +98,7 @@ def _costs(engine: Engine, shape: str) -> dict[str, int]:
             conn.execute(CHECKOUT, {"w": W, "queues": queues, "limit": 1})  # plans cached
             conn.rollback()
             try:
-                out[name] = _blocks(conn, lambda: conn.execute(
-                    statement, {"w": W, "queues": queues, "limit": limit}).all())
+                out[name] = _blocks(conn, statement, {"w": W, "queues": queues, "limit": limit})
             finally:
                 conn.rollback()
     return out

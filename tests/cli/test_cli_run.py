@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import URL, Engine, text
+from sqlalchemy.orm import Session
 
+from postjob_sa import JobQueue
 from tests.cli.test_cli_db import POSTJOB, assert_bad_input, postjob
 from tests.conftest import url_string
 
@@ -136,12 +138,14 @@ def test_concurrency_restarts_a_crashed_worker_and_forwards_sigterm(
 
 
 def test_reap_fails_over_a_dead_workers_job(cli: Any, engine: Engine) -> None:
+    """A job checked out under a lease nobody renews (its holder gone) is rescued by reap."""
+    import postjob_sa.demo  # noqa: F401  (registers demo.measure)
+
     (job_id,) = _enqueue_measures(engine, "z")
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE postjob.postjobs SET status = 'processing', next_run_at = NULL, "
-                          "processing_started_at = now() - interval '2 minutes', "
-                          "lease_expires_at = now() - interval '1 minute', lease_token = 1 "
-                          "WHERE id = :id"), {"id": job_id})
+    with Session(engine) as s:
+        assert [j.id for j in JobQueue(s, lease=0.05).checkout(["demo.measure"])] == [job_id]
+        s.commit()
+    time.sleep(0.1)
     res = cli("reap")
     assert res.returncode == 0 and "reaped 1 job(s)" in res.stdout
     assert _statuses(engine)[job_id][0] == "err"

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import URL, Engine, text
-from sqlalchemy.orm import Session
 
 import postjob_sa
 from tests.revisions import catalog, live_and_fresh
@@ -56,12 +55,14 @@ def test_pj0004_upgrades_a_live_pj0003_database_and_downgrades_exactly(
             "SELECT args FROM postjob.checkout_v2(NULL, 'new', ARRAY['w'], ARRAY[''], NULL, 1, 60)"
         )).scalar_one()
         assert first == [5]  # the highest priority first
-    with Session(live) as session:
-        q = postjob_sa.JobQueue(session)
-        assert q.cancel(child) == [child]
-        session.commit()
-        assert q.enqueue("w", unique_key="k").id == q.enqueue("w", unique_key="k").id
-        session.commit()
+    # pj0004's own interface (this code speaks to a newer schema): cancel, and a unique key
+    with live.begin() as conn:
+        assert conn.execute(text("SELECT postjob.cancel_jobs(ARRAY[:c]::bigint[])"),
+                            {"c": child}).scalar_one() == [child]
+        keyed = text("INSERT INTO postjob.postjobs (workflow, unique_key) VALUES ('w', 'k') "
+                     "ON CONFLICT DO NOTHING RETURNING id")
+        assert conn.execute(keyed).scalar() is not None
+        assert conn.execute(keyed).scalar() is None  # held: the second one is not inserted
     with live.connect() as conn:
         assert _status(conn, parent) == "ready"  # woken by its cancelled child
     postjob_sa.downgrade(live, "pj0003")

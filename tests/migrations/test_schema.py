@@ -99,97 +99,25 @@ def test_functions_work_without_postjob_on_the_search_path(engine: Engine, clean
         assert conn.execute(text("SELECT postjob.reap_v2()")).scalar() == 0
 
 
-def test_checkout_never_compiles_its_statements(engine: Engine) -> None:
-    """The checkout's generic plans are costed for any batch and pass jit_above_cost; with JIT
-    on (PostgreSQL's default) a checkout of 100 jobs spent 20 ms compiling and 1 ms running."""
-    with engine.connect() as conn:
-        settings = dict(conn.execute(text(
-            "SELECT p.proname, p.proconfig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-            "WHERE n.nspname = 'postjob' AND p.proname IN ('checkout_v2', '_due_jobs', '_lock_due_jobs')")).all())
-    assert set(settings) == {"checkout_v2", "_due_jobs", "_lock_due_jobs"}
-    for name, config in settings.items():
-        assert "jit=off" in (config or []), (name, config)
+#: The functions of the hot path: checkout, the cycle, the outcomes it records, the idle wait.
+HOT_PATH = ("checkout_v3", "_take", "_due_groups", "_promote", "worker_cycle_v3",
+            "finish_jobs_v3", "worker_idle")
 
 
-def test_the_worker_cycle_is_planned_once_per_session(engine: Engine) -> None:
-    """The cycle and the outcomes it records take arrays: left to choose, PostgreSQL planned
-    their statements again on every call (a one-job cycle 2.3 ms, 1.6 ms with cached plans)."""
+def test_the_hot_path_is_planned_once_per_session_and_never_compiled(engine: Engine) -> None:
+    """Its statements take arrays: left to choose, PostgreSQL planned them again on every call
+    (a one-job cycle 2.3 ms, 1.6 ms with cached plans); the generic plans are costed for any
+    batch and pass jit_above_cost (with JIT on, PostgreSQL's default, a checkout of 100 jobs
+    spent 20 ms compiling and 1 ms running)."""
     with engine.connect() as conn:
         settings = dict(conn.execute(text(
-            "SELECT p.proname, p.proconfig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-            "WHERE n.nspname = 'postjob' AND p.proname IN ('worker_cycle', 'finish_jobs')")).all())
-    assert set(settings) == {"worker_cycle", "finish_jobs"}
+            "SELECT p.proname, p.proconfig FROM pg_proc p "
+            "JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'postjob' AND p.proname = ANY(:names)"),
+            {"names": list(HOT_PATH)}).all())
+    assert set(settings) == set(HOT_PATH)
     for name, config in settings.items():
         assert {"plan_cache_mode=force_generic_plan", "jit=off"} <= set(config or []), (name, config)
-
-
-def test_checkout_walks_only_the_jobs_it_can_run(server_url: URL, template_db: str) -> None:
-    """100,000 finished jobs, 100,000 waiting manual steps, 100,000 due jobs of a workflow this
-    worker does not run, 100,000 jobs of its own workflow scheduled for tomorrow at a higher
-    priority and 100,000 due in a queue it may not take from: the scan probes the runnable
-    index by (workflow, version, priority, queue) groups and walks past none of them."""
-    url = create_clone(server_url, template_db, "explain_100k")
-    eng = create_engine(url)
-    try:
-        with eng.begin() as conn:
-            conn.execute(text(
-                "INSERT INTO postjob.postjobs (workflow, status, next_run_at, results) "
-                "SELECT 'w', 'ok', NULL, '[1]' FROM generate_series(1, 100000)"
-            ))
-            conn.execute(text(
-                "INSERT INTO postjob.postjobs (workflow, args, max_attempts) "
-                "SELECT '__manual__', jsonb_build_array('approve', i), 1 "
-                "FROM generate_series(1, 100000) i"
-            ))
-            conn.execute(text(
-                "INSERT INTO postjob.postjobs (workflow, next_run_at) "
-                "SELECT 'other', now() - interval '1 hour' FROM generate_series(1, 100000)"
-            ))
-            conn.execute(text(
-                "INSERT INTO postjob.postjobs (workflow, priority, next_run_at) "
-                "SELECT 'w', 10, now() + interval '1 day' FROM generate_series(1, 100000)"
-            ))
-            conn.execute(text(
-                "INSERT INTO postjob.postjobs (workflow, queue, next_run_at) "
-                "SELECT 'w', 'blocked', now() - interval '1 hour' FROM generate_series(1, 100000)"
-            ))
-            conn.execute(text(
-                "INSERT INTO postjob.postjobs (workflow, priority) "
-                "SELECT 'w', i % 3 FROM generate_series(1, 100) i"
-            ))
-        with eng.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text("VACUUM ANALYZE postjob.postjobs"))
-        with eng.begin() as conn:
-            # as inside checkout_v2: the cached (generic) plans
-            conn.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
-            rows = conn.execute(text(
-                "SELECT id, queue, priority FROM postjob._due_jobs(ARRAY['w'], ARRAY[''], NULL, "
-                "100, ARRAY['blocked'], '{}', '{}')")).all()
-            assert [r.priority for r in rows] == [2] * 33 + [1] * 34 + [0] * 33
-            assert {r.queue for r in rows} == {"q"}
-            # what the scan read, in this transaction: entries of the runnable index only (a
-            # probe per priority level and per queue in it, and the hundred jobs), no scan of
-            # the table or of another index
-            read = conn.execute(text(
-                "SELECT c.relname AS indexrelname, "
-                "pg_stat_get_xact_tuples_returned(c.oid) AS idx_tup_read "
-                "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE n.nspname = 'postjob' AND c.relkind = 'i' "
-                "AND pg_stat_get_xact_tuples_returned(c.oid) > 0")).all()
-            assert [r.indexrelname for r in read] == ["postjobs_runnable_by_group_idx"], read
-            assert read[0].idx_tup_read <= 115, read
-            seq = conn.execute(text(
-                "SELECT seq_scan FROM pg_stat_xact_user_tables "
-                "WHERE schemaname = 'postjob' AND relname = 'postjobs'")).scalar_one()
-            assert seq == 0
-            rows = conn.execute(text(
-                "SELECT j.id, j.priority FROM postjob.checkout_v2(NULL, NULL, ARRAY['w'], "
-                "ARRAY[''], ARRAY['q'], 40, 60) c JOIN postjob.postjobs j ON j.id = c.id"
-            )).all()
-            assert sorted((r.priority for r in rows), reverse=True) == [2] * 33 + [1] * 7
-    finally:
-        eng.dispose()
-        drop_database(server_url, url)
 
 
 def test_checkout_hands_out_by_id_on_a_small_table(server_url: URL, template_db: str) -> None:

@@ -171,6 +171,8 @@ def test_a_job_on_a_live_worker_is_never_reaped_whatever_its_lease_says(runs: En
     with runs.begin() as conn:
         conn.execute(text("UPDATE postjob.postjobs SET lease_expires_at = now() - interval '5 s' "
                           "WHERE id = :i"), {"i": job_id})
+        conn.execute(text("UPDATE postjob.leases SET expires_at = now() - interval '5 s' "
+                          "WHERE :i = ANY(job_ids)"), {"i": job_id})
     with Session(runs) as s:
         assert JobQueue(s).reap() == 0
         s.commit()
