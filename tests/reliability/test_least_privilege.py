@@ -114,7 +114,7 @@ def test_a_granted_role_enqueues_and_works_but_cannot_change_the_schema(
         "ALTER TABLE postjob.postjobs ADD COLUMN evil int",
         "ALTER TABLE postjob.tokens DISABLE TRIGGER ALL",
         "CREATE TABLE postjob.evil (id int)",
-        "DROP FUNCTION postjob.checkout",
+        "DROP FUNCTION postjob.checkout_v3",
         "ALTER FUNCTION postjob.reap(boolean, integer) SECURITY DEFINER",
         "CREATE OR REPLACE FUNCTION postjob.schema_version() RETURNS text "
         "LANGUAGE sql AS $$ SELECT 'x' $$",
@@ -170,3 +170,49 @@ def test_grant_quotes_an_odd_but_real_role_name(db_url: URL, runs: Engine) -> No
         assert scalar(runs, "SELECT count(*) FROM pg_namespace WHERE nspname = 'postjob'") == 1
     finally:
         _drop_role(runs, odd)
+
+
+#: What `postjob db grant` of the pj0007 release granted (its tables then).
+PJ0007_GRANTS = (
+    "GRANT USAGE ON SCHEMA postjob TO {role}",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.postjobs, postjob.tokens, "
+    "postjob.workers, postjob.queue_limits, postjob.schedules TO {role}",
+    "GRANT USAGE ON SEQUENCE postjob.postjobs_id_seq, postjob.tokens_id_seq, "
+    "postjob.workers_id_seq, postjob.lease_tokens TO {role}",
+    "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA postjob TO {role}",
+)
+
+
+def test_a_role_granted_before_an_upgrade_keeps_working_after_it(
+    server_url: URL, role: str
+) -> None:
+    """The upgrade to pj0008 grants the roles that could use the jobs table the same on its new
+    tables: a worker of a role granted at pj0007 runs jobs once the schema is at pj0008."""
+    from postjob_sa import Registry, migrate, workflow
+    from tests.conftest import create_clone, drop_database
+
+    url = create_clone(server_url, "template0", "grant_upgrade")
+    admin = create_engine(url)
+    try:
+        migrate(admin, "pj0007")
+        _as_admin(admin, *(g.format(role=_quoted(role)) for g in PJ0007_GRANTS))
+        migrate(admin)
+        reg = Registry()
+
+        @workflow(name="grant.echo", registry=reg)
+        def echo(x: int) -> int:
+            return x
+
+        as_role = create_engine(url.set(username=role, password=None))
+        try:
+            with Session(as_role) as s:
+                q = JobQueue(s, registry=reg, fast_mode=True)
+                job_id = q.enqueue(echo, 5).id
+                s.commit()
+                assert q.drain() == 1
+        finally:
+            as_role.dispose()
+        assert scalar(admin, f"SELECT status::text FROM postjob.postjobs WHERE id = {job_id}") == "ok"
+    finally:
+        admin.dispose()
+        drop_database(server_url, url)

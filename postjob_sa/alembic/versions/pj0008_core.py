@@ -114,6 +114,25 @@ CREATE TRIGGER queue_limits_permits AFTER INSERT OR UPDATE ON postjob.queue_limi
   FOR EACH ROW EXECUTE FUNCTION postjob._queue_permits();
 """
 
+# A role granted what workers and applications need (`postjob db grant`) gets the same on the
+# new tables: its workers go on after the upgrade.
+GRANTS_UP = r"""
+DO $$
+DECLARE
+  v_role name;
+BEGIN
+  FOR v_role IN
+    SELECT DISTINCT grantee FROM information_schema.role_table_grants
+    WHERE table_schema = 'postjob' AND table_name = 'postjobs' AND privilege_type = 'INSERT'
+      AND grantee <> current_user AND grantee <> 'PUBLIC'
+  LOOP
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.waiting, '
+                   'postjob.leases, postjob.queue_slots, postjob.queue_starts TO %I', v_role);
+  END LOOP;
+END
+$$
+"""
+
 # What waits and runs now, in the new tables (read through pj0007's partial indexes).
 COPY_UP = r"""
 UPDATE postjob.postjobs SET unique_key_held = true
@@ -190,7 +209,8 @@ DROP FUNCTION IF EXISTS postjob._notify_workers();
 def upgrade() -> None:
     own_transaction(TABLES_UP)
     own_transaction("\n;\n".join([LOCK_TIMEOUT, NO_BODY_CHECKS, WRITERS_WAIT,
-                                  *_sql_files.live_functions(), TRIGGERS_UP, COPY_UP]),
+                                  *_sql_files.live_functions(), TRIGGERS_UP, GRANTS_UP,
+                                  COPY_UP]),
                     then_wait=1.0)
     index_step(*INDEXES_UP)
     op.execute(LOCK_TIMEOUT)
