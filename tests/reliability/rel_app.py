@@ -107,3 +107,14 @@ def cut(seconds: float) -> str:
         )
     time.sleep(seconds)
     return "cut"
+
+
+@postjob_sa.workflow(name="rel.catcher")
+def catcher() -> str:
+    """Waits for a manual step and tells how it ended, failed or cancelled alike."""
+    step = postjob_sa.manual("approve")
+    try:
+        return str(step.result())
+    except postjob_sa.ChildFailed as exc:
+        record(f"child {exc.status}")
+        return f"child {exc.status}"

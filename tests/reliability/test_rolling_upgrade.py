@@ -1,6 +1,8 @@
 """Upgrading while workers run: the schema is migrated to head under workers of the released
-code (commit 3159932, schema pj0001) while jobs stream in; then workers of this code join.
-No job is lost, none runs twice, no worker crashes.
+code (commit 4021fd5, schema pj0007, the release the head serves) while jobs stream in; then
+workers of this code join; then, with this code's workers stopped, the schema goes back down to
+pj0007 under the released workers and more jobs come. No job is lost, none runs twice, no
+worker crashes.
 
 The released code is taken from git (``git archive``) into a temporary directory and run with
 it first on PYTHONPATH: its ``postjob db migrate`` installs pj0001, its ``postjob run``
@@ -10,12 +12,10 @@ not pass by not running."""
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -26,7 +26,7 @@ from sqlalchemy import URL, Engine, create_engine, text
 
 import postjob_sa
 from postjob_sa._migrations import head_revision
-from tests.conftest import create_clone, drop_database, libpq_url, url_string
+from tests.conftest import create_clone, drop_database, url_string
 from tests.reliability.conftest import (
     APP,
     ROOT,
@@ -36,17 +36,19 @@ from tests.reliability.conftest import (
     scalar,
     wait_for,
 )
+from tests.reliability.releases import extracted, released_env, run_released
 from tests.reliability.rolling_enqueuer import is_parent
 
 pytestmark = pytest.mark.slow
 
-#: The released code: the tree before this round of work (schema pj0001).
-RELEASED = "3159932"
-RELEASED_REVISION = "pj0001"
+#: The released code: the last landed tree before this round of work (schema pj0007).
+RELEASED = "4021fd5"
+RELEASED_REVISION = "pj0007"
 OLD_WORKERS = 3
 NEW_WORKERS = 2
 OLD_KEYS = (1, 301)  # enqueued by the released code, before, during and after the migration
 NEW_KEYS = (10_001, 10_101)  # enqueued by this code once the schema is at head
+LATE_KEYS = (20_001, 20_041)  # enqueued by the released code once the schema is back down
 INTERVAL = "0.02"
 RUNS_BEFORE = 5  # jobs each released worker runs before the migration
 SLOW_JOBS, SLOW_SECONDS = OLD_WORKERS, 1.0  # running when the migration starts
@@ -54,33 +56,8 @@ SLOW_JOBS, SLOW_SECONDS = OLD_WORKERS, 1.0  # running when the migration starts
 @pytest.fixture(scope="module")
 def released_code() -> Iterator[Path]:
     """The released package, extracted from git into a directory of its own."""
-    with tempfile.TemporaryDirectory(prefix="postjob-released-") as target:
-        try:
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", RELEASED, "postjob_sa"],
-                                     capture_output=True, timeout=60)
-        except FileNotFoundError:
-            pytest.fail(f"git is not installed: the rolling-upgrade test takes the released "
-                        f"code (commit {RELEASED}) from the repository with git archive")
-        if archive.returncode != 0:
-            pytest.fail(f"cannot take the released code (commit {RELEASED}) from {ROOT}: "
-                        f"{archive.stderr.decode(errors='replace').strip()} (a full clone of the "
-                        "repository is needed)")
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(target, filter="data")
-        yield Path(target)
-
-
-def released_env(released: Path, url: URL) -> dict[str, str]:
-    """The environment of a process of the released code, which runs in the directory of that
-    code (``python -m`` and ``-c`` put the working directory first on the path): its package
-    comes first, then the repository root for the workflow module (tests/reliability/rel_app.py)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(released), str(ROOT)]),
-            "REL_APP_URL": libpq_url(url)}
-
-
-def run_released(released: Path, url: URL, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=released, env=released_env(released, url),
-                          capture_output=True, text=True, timeout=120)
+    with extracted(RELEASED) as path:
+        yield path
 
 
 class ReleasedWorker(WorkerProcess):
@@ -141,12 +118,12 @@ MIGRATION_WAITING = (
     "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'postjob' "
     "AND c.relname = 'postjobs' AND l.mode = 'AccessExclusiveLock' AND NOT l.granted"
 )
-#: ... and a worker's cycle (the released code's prepared statement: record the outcomes of
-#: its jobs, check out the next) waits behind it.
+#: ... and a worker's cycle (the released code's: record the outcomes of its jobs, check out the
+#: next) waits behind it.
 WORKERS_WAITING = (
     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
     "AND application_name LIKE 'postjob worker %' AND wait_event_type = 'Lock' "
-    "AND query LIKE 'EXECUTE postjob_cycle%'"
+    "AND query LIKE '%postjob.worker_cycle(%'"
 )
 
 
@@ -244,7 +221,21 @@ def test_migrating_under_workers_of_the_released_code_loses_no_job_and_runs_none
                                         "('ok', 'failed', 'timeout')) FROM postjob.postjobs")
                  >= expected_jobs, 90, f"{expected_jobs} jobs finished")
 
-        for p in old + new:  # and every one stops cleanly
+        for p in new:  # this code's workers stop cleanly ...
+            assert p.stop() == 0, p.log()
+            assert not re.search(r"Traceback|SchemaError|ERROR", p.log()), p.log()
+
+        # ... and the schema goes back down under the released workers, which go on
+        postjob_sa.downgrade(engine, RELEASED_REVISION)
+        assert scalar(engine, "SELECT postjob.schema_version()") == RELEASED_REVISION
+        late_app = _enqueuer(old_url, LATE_KEYS, released_code)
+        _finish(late_app)
+        expected_jobs += (LATE_KEYS[1] - LATE_KEYS[0]) + sum(1 for k in range(*LATE_KEYS)
+                                                             if is_parent(k))
+        wait_for(lambda: scalar(engine, "SELECT count(*) FILTER (WHERE status IN "
+                                        "('ok', 'failed', 'timeout')) FROM postjob.postjobs")
+                 >= expected_jobs, 90, f"{expected_jobs} jobs finished after the downgrade")
+        for p in old:  # and every released worker stops cleanly
             assert p.stop() == 0, p.log()
             assert not re.search(r"Traceback|SchemaError|ERROR", p.log()), p.log()
 
@@ -283,7 +274,7 @@ def test_migrating_under_workers_of_the_released_code_loses_no_job_and_runs_none
                 "count(*) FILTER (WHERE pid = ANY(:new)) FROM rel_runs"),
                 {"old": old_pids, "new": new_pids, "m": migrated_at}).one()
         assert all(by_phase), by_phase
-        report(f"rolling upgrade {RELEASED_REVISION} -> {head_revision()}: {len(jobs)} jobs, "
+        report(f"rolling upgrade {RELEASED_REVISION} -> {head_revision()} and back: {len(jobs)} jobs, "
                f"released workers ran {by_phase[0]} before and {by_phase[1]} after the migration, "
                f"new workers {by_phase[2]}; none lost, none twice")
     finally:
