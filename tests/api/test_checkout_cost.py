@@ -76,8 +76,9 @@ def tables(engine: Engine) -> Iterator[Callable[[str], None]]:
             for statement in BESIDE[shape]:
                 conn.execute(text(statement))
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text("VACUUM ANALYZE postjob.postjobs"))
-            conn.execute(text("VACUUM ANALYZE postjob.waiting"))
+            for table in conn.execute(text(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = 'postjob'")).scalars():
+                conn.execute(text(f'VACUUM ANALYZE postjob."{table}"'))
 
     yield fill
 
