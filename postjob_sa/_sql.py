@@ -26,16 +26,19 @@ WORKER_HEARTBEAT = (
     "%(ids)s::bigint[], %(leases)s::bigint[])"
 )
 
-#: Record outcomes (one JSON array, see postjob_sa/sql/outcomes.sql), release the leases whose
-#: jobs have all ended, reap now and then, and check out the next jobs (rows of kind 'job', the
+#: Record outcomes (the ok ones as arrays, the others as one JSON array: see
+#: postjob_sa/sql/outcomes.sql), release the leases whose jobs have all ended, reap and make
+#: due what has come due when asked, and check out the next jobs (rows of kind 'job', the
 #: columns of RunningJob after the kind): the whole cycle in one round trip. Rows of kind
-#: 'lost' name outcomes not recorded, 'woken' sleeps whose child had ended.
+#: 'lost' name outcomes not recorded, 'woken' sleeps whose child had ended. The arrays come as
+#: text literals (see postjob_sa.worker.executor: cheaper to build than adapted lists).
 WORKER_CYCLE = (
     "SELECT kind, id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, "
     "parent_id, attempt, max_attempts FROM postjob.worker_cycle_v3(%(worker_id)s::bigint, "
-    "%(identifier)s::varchar, %(outcomes)s::jsonb, %(done)s::bigint[], %(workflows)s::text[], "
-    "%(versions)s::text[], %(queues)s::text[], %(limit)s::integer, %(lease)s::float8, "
-    "%(reap)s::boolean)"
+    "%(identifier)s::varchar, %(ok_ids)s::bigint[], %(ok_tokens)s::bigint[], "
+    "%(ok_results)s::jsonb[], %(ok_versions)s::text[], %(outcomes)s::jsonb, "
+    "%(done)s::bigint[], %(workflows)s::text[], %(versions)s::text[], %(queues)s::text[], "
+    "%(limit)s::integer, %(lease)s::float8, %(reap)s::boolean, %(promote)s::boolean)"
 )
 
 #: Before an idle wait: reap now and then, make due what has come due, and the seconds until
@@ -152,10 +155,12 @@ JOB_CHECKOUT = text(
     "CAST(:promote AS boolean))"
 )
 
-#: Record outcomes (one JSON array) and release the leases ``done``: rows for the outcomes not
-#: recorded ('lost') and the sleeps woken at once ('woken').
+#: Record outcomes (as WORKER_CYCLE takes them) and release the leases ``done``: rows for
+#: the outcomes not recorded ('lost') and the sleeps woken at once ('woken').
 JOB_FINISH = text(
-    "SELECT kind, id FROM postjob.finish_jobs_v3(CAST(:outcomes AS jsonb), CAST(:done AS bigint[]))"
+    "SELECT kind, id FROM postjob.finish_jobs_v3(CAST(:ok_ids AS bigint[]), "
+    "CAST(:ok_tokens AS bigint[]), CAST(:ok_results AS jsonb[]), CAST(:ok_versions AS text[]), "
+    "CAST(:outcomes AS jsonb), CAST(:done AS bigint[]))"
 )
 
 #: After outcomes recorded through the API: the leases none of whose jobs runs under them any

@@ -22,7 +22,7 @@ from postjob_sa._operations import JobOperations
 from postjob_sa.errors import InvalidArgument, InvalidJobState
 from postjob_sa.models import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MANUAL_WORKFLOW, Job, Status
 from postjob_sa.registry import Registry, Workflow, default_registry
-from postjob_sa.worker.executor import MAX_MESSAGE_CHARS, Outcome, error_name, outcomes_json
+from postjob_sa.worker.executor import MAX_MESSAGE_CHARS, Outcome, error_name, outcome_params
 from postjob_sa.worker.loop import Worker
 from postjob_sa.worker.options import WorkerOptions
 from postjob_sa.worker.wakeup import wakeup_url_of
@@ -297,7 +297,8 @@ class JobQueue(JobOperations):
 
     def _finish(self, outcome: Outcome) -> None:
         rows = self.session.execute(_sql.JOB_FINISH,
-                                    {"outcomes": outcomes_json([outcome]), "done": []}).all()
+                                    {**outcome_params([outcome], literals=False),
+                                     "done": []}).all()
         if any(kind == "lost" for kind, _ in rows):
             raise InvalidJobState(f"job {outcome.job_id} is not checked out under this lease")
         # the checkout's lease ends once none of its jobs runs under it

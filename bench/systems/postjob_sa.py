@@ -199,22 +199,18 @@ class _Probe:
     def __init__(self, url: str) -> None:
         from postjob_sa import _sql
         from postjob_sa._db import Conn
-        from postjob_sa.worker.executor import finish_params
 
         self._s = _session(url)
         self._conn = Conn.open(self._s.get_bind()).raw
         self._cur = self._conn.cursor()
         self._stmt = _sql.WORKER_CYCLE
-        self._params = finish_params([], False)
-        self._params.update(
-            worker_id=None, identifier="bench", workflows=[NOOP], workflow_versions=[""],
-            queues=None, limit=1, lease=60.0,
-            reap=True,  # conservative: the API default (a worker reaps at most once a second)
-        )
+        self._params = {
+            "worker_id": None, "identifier": "bench", "outcomes": "[]", "done": [],
+            "workflows": [NOOP], "versions": [""], "queues": None, "limit": 1, "lease": 60.0,
+            "reap": True,  # conservative: the API default (a worker reaps at most once a second)
+        }
         self.table_bytes = int(pg.value(url, "SELECT pg_total_relation_size('postjob.postjobs')"))
-        self.index_bytes = int(
-            pg.value(url, "SELECT pg_relation_size('postjob.postjobs_runnable_by_group_idx')")
-        )
+        self.index_bytes = int(pg.value(url, "SELECT pg_relation_size('postjob.waiting_due_idx')"))
 
     def checkout_one(self) -> bool:
         self._cur.execute(self._stmt, self._params)
@@ -222,10 +218,10 @@ class _Probe:
 
     def explain(self) -> str:
         self._cur.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT s.id FROM postjob.postjobs s "
-            "WHERE s.status IN ('ready', 'err') AND s.next_run_at <= statement_timestamp() "
-            "AND (s.timing_out_at IS NULL OR s.timing_out_at > statement_timestamp()) "
-            "AND s.workflow = 'bench.noop' ORDER BY s.next_run_at LIMIT 1 FOR UPDATE SKIP LOCKED"
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT w.job_id "
+            "FROM postjob.waiting w WHERE w.workflow = 'bench.noop' AND w.workflow_version = '' "
+            "AND w.queue = 'q' AND w.due ORDER BY w.priority DESC, w.run_at, w.job_id "
+            "LIMIT 1 FOR UPDATE SKIP LOCKED"
         )
         return "\n".join(r[0] for r in self._cur.fetchall())
 

@@ -63,6 +63,7 @@ DECLARE
 BEGIN
   SELECT array_agg(f.id) FILTER (WHERE f.kind = 'lost') INTO v_lost
   FROM postjob.finish_jobs_v3(
+    '{}', '{}', '{}', '{}',
     COALESCE((
       SELECT jsonb_agg(jsonb_build_array(i.id, i.token, i.outcome, i.result, i.error, i.message,
                                          i.backtrace, i.version, i.awaiting,

@@ -174,12 +174,17 @@ END;
 $$;
 
 -- The worker's cycle, one round trip: record outcomes (postjob.finish_jobs_v3), release the
--- leases whose jobs have all ended, reap when asked, and check out the next jobs
--- (postjob.checkout_v3, after making due what has come due). Rows of kind 'job' are the jobs
--- checked out; 'lost' and 'woken' are finish_jobs_v3's.
+-- leases whose jobs have all ended, reap and make due what has come due when asked (the
+-- worker asks now and then, not every cycle), and check out the next jobs
+-- (postjob.checkout_v3). Rows of kind 'job' are the jobs checked out; 'lost' and 'woken' are
+-- finish_jobs_v3's.
 CREATE OR REPLACE FUNCTION postjob.worker_cycle_v3(
   p_worker_id bigint,
   p_identifier varchar,
+  p_ok_ids bigint[],
+  p_ok_tokens bigint[],
+  p_ok_results jsonb[],
+  p_ok_versions text[],
   p_outcomes jsonb,
   p_done bigint[],
   p_workflows text[],
@@ -187,19 +192,22 @@ CREATE OR REPLACE FUNCTION postjob.worker_cycle_v3(
   p_queues text[],
   p_limit integer,
   p_lease double precision,
-  p_reap boolean)
+  p_reap boolean,
+  p_promote boolean)
 RETURNS TABLE (kind text, id bigint, lease_token bigint, workflow varchar,
                workflow_version varchar, args jsonb, queue varchar, root_id bigint,
                full_id varchar, parent_id bigint, attempt integer, max_attempts integer)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 BEGIN
-  IF jsonb_array_length(p_outcomes) > 0 OR cardinality(p_done) > 0 THEN
+  IF cardinality(p_ok_ids) > 0 OR jsonb_array_length(p_outcomes) > 0
+     OR cardinality(p_done) > 0 THEN
     RETURN QUERY
     SELECT f.kind, f.id, NULL::bigint, NULL::varchar, NULL::varchar, NULL::jsonb,
            NULL::varchar, NULL::bigint, NULL::varchar, NULL::bigint, NULL::integer,
            NULL::integer
-    FROM postjob.finish_jobs_v3(p_outcomes, p_done) f;
+    FROM postjob.finish_jobs_v3(p_ok_ids, p_ok_tokens, p_ok_results, p_ok_versions,
+                                p_outcomes, p_done) f;
   END IF;
   IF p_reap THEN
     PERFORM postjob.reap_v3();
@@ -209,7 +217,7 @@ BEGIN
     SELECT 'job'::text, c.id, c.lease_token, c.workflow, c.workflow_version, c.args, c.queue,
            c.root_id, c.full_id, c.parent_id, c.attempt, c.max_attempts
     FROM postjob.checkout_v3(p_worker_id, p_identifier, p_workflows, p_versions, p_queues,
-                             p_limit, p_lease, true) c;
+                             p_limit, p_lease, p_promote) c;
   END IF;
 END;
 $$;

@@ -1,8 +1,9 @@
 -- Outcomes: how runs end, recorded in batches, and what a job's end means for its family.
 --
 -- A worker sends the outcomes of many runs in one call (postjob.worker_cycle_v3, or
--- postjob.finish_jobs_v3 for a transactional job and JobQueue.complete/fail), as one JSON
--- array with one element per run:
+-- postjob.finish_jobs_v3 for a transactional job and JobQueue.complete/fail). The runs that
+-- ended ok, nearly all of them, come as parallel arrays (ids, lease tokens, [value] results,
+-- versions), the others as one JSON array with one element per run:
 --   [id, lease_token, kind, result, error, message, backtrace, version, awaiting, retry_in]
 -- kind is ok, err, failed, sleep or release; result is the run's [value] (ok); error, message
 -- and backtrace describe a failure; version is the workflow version that ran; awaiting is the
@@ -15,7 +16,9 @@
 -- tokens whose jobs have all ended (the worker knows): their lease rows go. Returns one row
 -- per outcome that was not recorded ('lost': the run no longer held its job) and per sleep
 -- that did not sleep ('woken': what it waited for had ended meanwhile).
-CREATE OR REPLACE FUNCTION postjob.finish_jobs_v3(p_outcomes jsonb, p_done bigint[])
+CREATE OR REPLACE FUNCTION postjob.finish_jobs_v3(
+  p_ok_ids bigint[], p_ok_tokens bigint[], p_ok_results jsonb[], p_ok_versions text[],
+  p_outcomes jsonb, p_done bigint[])
 RETURNS TABLE (kind text, id bigint)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
@@ -29,10 +32,46 @@ DECLARE
   v_final bigint[];
   v_failed bigint[];
   v_woken bigint[];
-  v_runnable boolean;
-  v_waiting boolean;
+  v_runnable boolean := false;
+  v_waiting boolean := false;
   v_ids bigint[];
+  v_ok bigint[];
+  v_ok_final bigint[];
 BEGIN
+  IF cardinality(p_ok_ids) > 0 THEN
+    -- the runs that ended ok: one lean UPDATE (HOT: nothing it changes is indexed)
+    WITH done AS (
+      UPDATE postjob.postjobs j SET
+        status = 'ok',
+        results = i.result,
+        error = NULL,
+        error_message = NULL,
+        error_backtrace = NULL,
+        next_run_at = NULL,
+        awaiting_id = NULL,
+        workflow_version = COALESCE(i.version, j.workflow_version),
+        processing_client = NULL,
+        processing_client_identifier = NULL,
+        processing_started_at = NULL,
+        processing_max_duration = NULL,
+        lease_expires_at = NULL,
+        lease_token = NULL,
+        worker_id = NULL,
+        unique_key_held = false,
+        updated_at = v_now
+      FROM unnest(p_ok_ids, p_ok_tokens, p_ok_results, p_ok_versions)
+        AS i(id, token, result, version)
+      WHERE j.id = ANY (p_ok_ids) AND j.id = i.id AND j.lease_token = i.token
+      RETURNING j.id, j.parent_id
+    )
+    SELECT array_agg(d.id), array_agg(d.id) FILTER (WHERE d.parent_id IS NOT NULL)
+      INTO v_ok, v_ok_final FROM done d;
+    IF cardinality(v_ok) IS DISTINCT FROM cardinality(p_ok_ids) THEN
+      RETURN QUERY SELECT 'lost'::text, x FROM unnest(p_ok_ids) AS x
+        WHERE x <> ALL (COALESCE(v_ok, '{}'));
+    END IF;
+  END IF;
+
   IF jsonb_array_length(p_outcomes) > 0 THEN
     SELECT array_agg((e->>0)::bigint), array_agg((e->>8)::bigint)
       INTO v_sleeping, v_awaiting
@@ -124,8 +163,16 @@ BEGIN
       INTO v_accepted, v_final, v_failed, v_woken, v_runnable, v_waiting
       FROM updated u;
 
-    IF v_accepted IS NOT NULL AND EXISTS (SELECT 1 FROM postjob.queue_slots
-                                          WHERE job_id IS NOT NULL) THEN
+    RETURN QUERY
+      SELECT 'lost'::text, (e->>0)::bigint FROM jsonb_array_elements(p_outcomes) e
+      WHERE (e->>0)::bigint <> ALL (COALESCE(v_accepted, '{}'));
+    RETURN QUERY SELECT 'woken'::text, w FROM unnest(v_woken) AS w;
+  END IF;
+
+  v_accepted := COALESCE(v_accepted, '{}') || COALESCE(v_ok, '{}');
+  v_final := COALESCE(v_final, '{}') || COALESCE(v_ok_final, '{}');
+  IF cardinality(v_accepted) > 0 THEN
+    IF EXISTS (SELECT 1 FROM postjob.queue_slots WHERE job_id IS NOT NULL) THEN
       WITH freed AS (
         UPDATE postjob.queue_slots SET job_id = NULL WHERE job_id = ANY (v_accepted)
         RETURNING queue
@@ -133,16 +180,12 @@ BEGIN
       -- a freed place may let a waiting job of its queue start: wake the idle workers
       SELECT v_runnable OR count(*) > 0 INTO v_runnable FROM freed;
     END IF;
-    IF v_final IS NOT NULL THEN
+    IF cardinality(v_final) > 0 THEN
       PERFORM postjob._jobs_ended(v_final, COALESCE(v_failed, '{}'));
     END IF;
     IF v_runnable OR v_waiting THEN
       PERFORM pg_notify('postjob_notifications', '');
     END IF;
-    RETURN QUERY
-      SELECT 'lost'::text, (e->>0)::bigint FROM jsonb_array_elements(p_outcomes) e
-      WHERE (e->>0)::bigint <> ALL (COALESCE(v_accepted, '{}'));
-    RETURN QUERY SELECT 'woken'::text, w FROM unnest(v_woken) AS w;
   END IF;
   IF cardinality(p_done) > 0 THEN
     DELETE FROM postjob.leases WHERE token = ANY (p_done);

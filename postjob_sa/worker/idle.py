@@ -24,6 +24,9 @@ WAIT_CAP = 30.0
 #: A busy worker's checkouts reap expired leases and deadlines at most this often; an idle
 #: one reaps before it waits, so the checkout after a wake-up does not pay for it.
 REAP_INTERVAL = 1.0
+#: A busy worker's checkouts make due the jobs whose time has come at most this often (and the
+#: first checkout after a wait always does: the wait ended because one came due, maybe).
+PROMOTE_INTERVAL = 0.05
 #: How long an idle worker waits when a job is due that its checkout could not take (another
 #: transaction holds its row): the n-th such miss in a row waits the n-th delay (a NOTIFY still
 #: wakes it at once), so the worker never spins on a locked job.
@@ -42,6 +45,7 @@ class Idle:
         self.unknown = unknown
         self._params = params  # what postjob.worker_idle needs, given whether to reap
         self._last_reap = float("-inf")
+        self._last_promote = float("-inf")
         self._busy = True  # the first checkout reaps
         self._misses = 0
         #: reaped since the last job ran (drain: then it is done)
@@ -58,6 +62,14 @@ class Idle:
         now = time.monotonic()
         if self._busy and now - self._last_reap >= REAP_INTERVAL:
             self._last_reap = now
+            return True
+        return False
+
+    def promote_at_checkout(self) -> bool:
+        """Whether the coming checkout first makes due what has come due."""
+        now = time.monotonic()
+        if now - self._last_promote >= PROMOTE_INTERVAL:
+            self._last_promote = now
             return True
         return False
 
@@ -95,6 +107,7 @@ class Idle:
         if timeout <= 0 or self.stopper.requested:
             self.waker.not_waiting()
             return
+        self._last_promote = float("-inf")  # the wait may end because a job came due
         try:
             with self.stopper.pausing():
                 self.waker.wait(conn, timeout, self.stopper.wake_fd())

@@ -231,7 +231,8 @@ class Worker:
         reap = self.idle.reap_at_checkout()
         names, versions = self.lease_pairs
         checkout = {"workflows": names, "versions": versions,
-                    "queues": self.opts.queues, "limit": limit, "reap": reap}
+                    "queues": self.opts.queues, "limit": limit, "reap": reap,
+                    "promote": self.idle.promote_at_checkout()}
         rows = self.recorder.cycle(self.conn, self.recorder.take(), checkout,
                                    self.keeper.worker_id, self.opts.identifier)
         self.idle.checked_out(bool(rows), reap)

@@ -21,7 +21,7 @@ from typing import Any
 
 from postjob_sa import _metrics, _sql
 from postjob_sa._db import Conn, Failure, failure
-from postjob_sa.worker.executor import Outcome, outcomes_json
+from postjob_sa.worker.executor import Outcome, outcome_params
 from postjob_sa.worker.held import HeldJobs
 
 log = logging.getLogger("postjob_sa.worker")
@@ -30,7 +30,9 @@ log = logging.getLogger("postjob_sa.worker")
 TRANSIENT_RETRIES = 3
 _NO_CHECKOUT: dict[str, Any] = {
     "workflows": [], "versions": [], "queues": None, "limit": 0, "reap": False,
+    "promote": False,
 }
+_NOTHING = outcome_params([])
 #: The columns of the cycle's rows: kind, then a job's checkout columns (RunningJob's order).
 KIND, ID = 0, 1
 
@@ -86,7 +88,7 @@ class Recorder:
         outcomes go back to the buffer and the error propagates."""
         base = {"worker_id": worker_id, "identifier": identifier, "lease": self.lease}
         ended = self.held.take_ended()
-        params = {**base, "outcomes": outcomes_json(outcomes), "done": ended,
+        params = {**base, **outcome_params(outcomes), "done": _ints(ended),
                   **(checkout or _NO_CHECKOUT)}
         try:
             try:
@@ -99,7 +101,7 @@ class Recorder:
                             len(outcomes), _one_line(exc))
                 self._done(conn, outcomes, self._one_by_one(conn, outcomes, base))
                 outcomes = []
-                rows = self._call(conn, {**params, "outcomes": "[]"})
+                rows = self._call(conn, {**params, **_NOTHING})
         except BaseException:
             self.put_back(outcomes)
             self.held.put_back_ended(ended)
@@ -122,17 +124,16 @@ class Recorder:
                     base: dict[str, Any]) -> list[tuple[Any, ...]]:
         done: list[tuple[Any, ...]] = []
         for outcome in outcomes:
-            one = {**base, **_NO_CHECKOUT, "done": []}
+            one = {**base, **_NO_CHECKOUT, "done": "{}"}
             try:
-                rows = self._call(conn, {**one, "outcomes": outcomes_json([outcome])})
+                rows = self._call(conn, {**one, **outcome_params([outcome])})
             except Exception as exc:
                 if failure(exc) not in (Failure.DATA, Failure.TRANSIENT):
                     raise
                 reason = _one_line(exc)
                 log.error("job %s: the database refused its outcome (%s): the job fails",
                           outcome.job_id, reason, extra=job_fields(outcome))
-                rows = self._call(conn, {**one,
-                                         "outcomes": outcomes_json([outcome.rejected(reason)])})
+                rows = self._call(conn, {**one, **outcome_params([outcome.rejected(reason)])})
                 outcome.kind, outcome.error, outcome.message = "failed", "OutcomeRefused", reason
             done.extend(rows)
         return done
@@ -184,6 +185,11 @@ def _why_lost(conn: Conn, ids: set[int]) -> dict[int, str]:
         return {}
     return {int(job_id): "cancelled while it ran" if status == "cancelled" else _LOST
             for job_id, status in rows}
+
+
+def _ints(values: list[int]) -> str:
+    """A bigint[] literal."""
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 def recorded_status(outcome: Outcome, woken: bool = False) -> str:

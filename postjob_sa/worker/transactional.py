@@ -23,7 +23,7 @@ from postjob_sa._db import Conn, check_driver, no_prepared_statements
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.errors import InvalidJobState
 from postjob_sa.registry import Registry, Workflow
-from postjob_sa.worker.executor import Outcome, error_name, outcomes_json, run_job, run_job_async
+from postjob_sa.worker.executor import Outcome, error_name, outcome_params, run_job, run_job_async
 from postjob_sa.worker.recorder import log_outcome, recorded_status
 
 log = logging.getLogger("postjob_sa.worker")
@@ -193,7 +193,7 @@ def _no_lost(outcome: Outcome) -> Outcome:
 def _finish(outcome: Outcome) -> dict[str, Any]:
     """finish_jobs_v3's parameters for one outcome: its lease ends with it (the checkout
     handed out one job)."""
-    return {"outcomes": outcomes_json([outcome]), "done": [outcome.lease_token]}
+    return {**outcome_params([outcome]), "done": [outcome.lease_token]}
 
 
 def _lost(job: RunningJob, rows: Sequence[Any]) -> bool:

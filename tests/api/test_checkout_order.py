@@ -1,12 +1,12 @@
 """The checkout hands out exactly the jobs a plain query over the whole table would: the eligible
 ones (served pairs and queues, due, not timing out, allowed by the queue limits), highest
 priority first, then earliest due, then oldest. Checked on many random tables small enough to
-cover every shape the checkout treats apart: one group or several, several queues at the
-highest priority, a highest group with nothing due, served and unserved queues, limited queues,
-several workflows and pinned versions; tables where one (workflow, version) pair holds every
-job, the shape pj0006 takes in one statement, planned as usual and with nested loops off (its
+cover every shape the checkout treats apart: one group (one statement) or several (their first
+jobs merged), several queues at the highest priority, a group with nothing due, served and
+unserved queues, limited queues, several workflows and pinned versions; tables where one
+(workflow, version) pair holds every job, planned as usual and with nested loops off (its
 batch comes in checkout order whatever the join); and tables where each pair's jobs form one
-group, at priorities of their own (pj0007 reads several pairs' highest groups at once)."""
+group, at priorities of their own."""
 
 from __future__ import annotations
 
@@ -135,40 +135,3 @@ def test_a_batch_comes_in_checkout_order_whatever_the_join(engine: Engine) -> No
                 assert got == expected, (n, case)
     finally:
         fresh.dispose()
-
-
-#: The shapes checkout hands out without pj0004's walk of the levels: (jobs as (workflow,
-#: priority, queue) groups of three, workflows served, batch size), and one that needs it.
-SHAPES = [
-    ([("co.a", 0, "default")], ["co.a"], 2),  # one pair's backlog
-    ([("co.a", 0, "default"), ("co.b", 0, "default")], ["co.a", "co.b"], 10),  # all of two
-    ([("co.a", 5, "default"), ("co.b", 0, "default")], ["co.a", "co.b"], 3),  # full from the top
-]
-WALKED = ([("co.a", 0, "a"), ("co.a", 0, "b")], ["co.a"], 2)  # two queues share the priority
-
-
-def _walks(conn: Connection, groups: list[tuple[str, int, str]], served: list[str],
-           limit: int) -> bool:
-    conn.execute(text("SET LOCAL track_functions = 'all'"))
-    for workflow, priority, queue in groups:
-        conn.execute(text(
-            "INSERT INTO postjob.postjobs (workflow, priority, queue, next_run_at) "
-            "SELECT :w, :p, :q, now() - g * interval '1 minute' FROM generate_series(1, 3) g"),
-            {"w": workflow, "p": priority, "q": queue})
-    calls = text("SELECT coalesce(pg_stat_get_xact_function_calls("
-                 "'postjob._due_jobs'::regproc), 0)")
-    call = {"workflows": served, "versions": [""] * len(served), "queues": None, "limit": limit}
-    expected = [r[0] for r in conn.execute(EXPECTED, call)]
-    before = conn.execute(calls).scalar_one()
-    assert [r[0] for r in conn.execute(CHECKOUT, call)] == expected
-    return bool(conn.execute(calls).scalar_one() > before)
-
-
-def test_the_common_shapes_are_checked_out_without_the_walk(engine: Engine) -> None:
-    # the shape that needs the walk first: the counter counts
-    for shape, walked in [(WALKED, True), *((shape, False) for shape in SHAPES)]:
-        with engine.connect() as conn:
-            try:
-                assert _walks(conn, *shape) is walked, shape
-            finally:
-                conn.rollback()

@@ -251,11 +251,12 @@ CREATE TRIGGER postjobs_notify_insert AFTER INSERT ON postjob.postjobs
   FOR EACH STATEMENT EXECUTE FUNCTION postjob._notify_workers();
 
 -- what pj0008 added
-DROP FUNCTION postjob.worker_cycle_v3(bigint, varchar, jsonb, bigint[], text[], text[], text[],
-                                      integer, double precision, boolean);
+DROP FUNCTION postjob.worker_cycle_v3(bigint, varchar, bigint[], bigint[], jsonb[], text[], jsonb,
+                                      bigint[], text[], text[], text[], integer,
+                                      double precision, boolean, boolean);
 DROP FUNCTION postjob.checkout_v3(bigint, varchar, text[], text[], text[], integer,
                                   double precision, boolean);
-DROP FUNCTION postjob.finish_jobs_v3(jsonb, bigint[]);
+DROP FUNCTION postjob.finish_jobs_v3(bigint[], bigint[], jsonb[], text[], jsonb, bigint[]);
 DROP FUNCTION postjob.reap_v3(integer);
 DROP FUNCTION postjob._take(varchar[], varchar[], varchar[], integer[], bigint, bigint, varchar,
                             double precision);
