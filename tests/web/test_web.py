@@ -224,6 +224,23 @@ def test_reset_and_force(client: Client, seeded: Seeded, engine: Engine) -> None
     assert post(client, "/jobs/999999/reset").status_code == 404
 
 
+def test_reset_of_a_job_whose_unique_key_another_holds_is_a_conflict(
+    client: Client, engine: Engine, clean: None
+) -> None:
+    """Issue 24 item 6: 409 naming the holder, not 503 "database error"."""
+    with Session(engine) as s:
+        q = JobQueue(s)
+        old = q.enqueue(noop, 1, unique_key="nightly").id
+        s.execute(text("UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL "
+                       "WHERE id = :id"), {"id": old})
+        newer = q.enqueue(noop, 2, unique_key="nightly").id
+        s.commit()
+    refused = post(client, f"/jobs/{old}/reset")
+    assert refused.status_code == 409, body(refused)
+    assert f"held by unfinished job {newer}" in body(refused)
+    assert status_of(engine, old) == "failed"
+
+
 def test_cancel_a_tree_from_its_root(client: Client, seeded: Seeded, engine: Engine) -> None:
     page = body(client.get(f"/jobs/{seeded.order}"))
     assert f'action="/jobs/{seeded.order}/cancel"' in page  # the order sleeps: it can be cancelled
