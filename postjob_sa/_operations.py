@@ -41,8 +41,10 @@ class JobOperations:
         except ValueError:
             raise InvalidArgument(f"not a token: {token!r}") from None
         payload = _validate.to_json(result, "result")
-        if error is not None and not isinstance(error, str):
-            raise InvalidArgument("error must be a message string")
+        if error is not None:
+            if not isinstance(error, str):
+                raise InvalidArgument("error must be a message string")
+            _validate.text(error, "the error message")
         row = self.session.execute(_sql.TOKEN_JOB, {"token": str(token_uuid)}).first()
         if row is None:
             raise JobNotFound(f"no job has the token {token_uuid}")

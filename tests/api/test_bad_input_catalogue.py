@@ -157,10 +157,11 @@ def _cases(q: JobQueue, engine: Engine, tmp: Path) -> dict[str, list[Callable[[]
             lambda: q.enqueue(stored, uuid.uuid4()),
         ],
         "a lone surrogate (`os.fsdecode(b\"\\xff\")`) or a NUL in args, tags, a result "
-        "(`complete`, `resolve`) or an error message (`fail`)": [
+        "(`complete`, `resolve`) or an error message (`fail`, `resolve(token, error=...)`)": [
             lambda: q.enqueue(stored, SURROGATE),
             lambda: q.enqueue(stored, "\x00"),
             lambda: q.fail(Job(), ValueError(SURROGATE)),
+            lambda: q.resolve(token, error="no\x00"),
         ],
         "a lone surrogate in a workflow name, queue, version or tag name": [
             lambda: q.enqueue(stored, 1, queue=SURROGATE)],

@@ -369,6 +369,7 @@ def test_resolve_with_an_error_fails_the_step(client: Client, seeded: Seeded, en
         ({"value": "not json", "outcome": "value"}, "not JSON"),
         ({"value": "", "outcome": "value"}, "give the step"),
         ({"error": "", "outcome": "error"}, "give the error"),
+        ({"error": "not\x00approved", "outcome": "error"}, "NUL"),  # %00 in the form
         ({"token": "", "value": "1"}, "token is missing"),
         ({"token": "not-a-uuid", "value": "1"}, "not a token"),
     ],
