@@ -63,6 +63,11 @@ class ScheduleSpec:
             return cls(every=float(every), skip_missed=skip_missed)
         if not isinstance(cron, str):
             raise InvalidArgument(f"cron must be a cron expression string, not {cron!r}")
+        fields = len(cron.split())
+        if fields == 6:  # cronsim would read a leading seconds field
+            raise InvalidArgument(
+                f"cron must have five fields (minute hour day-of-month month day-of-week), "
+                f"not 6: {cron!r} (for a period in seconds use every=)")
         zone = "UTC" if tz is None else tz
         try:
             ZoneInfo(zone)
