@@ -2,11 +2,12 @@
 
 * **Read-only** mode: no action at all, whoever asks.
 * **Token**: with a secret (``postjob web --token``), an action needs the session cookie that
-  ``/login`` sets after checking the secret, or an ``Authorization: Bearer <secret>`` header.
-  The cookie holds an HMAC of the secret, never the secret itself.
+  ``/login`` sets after checking the secret, or an ``Authorization: Bearer <secret>`` header
+  (a script's: it needs no CSRF proof). The cookie holds an HMAC of the secret, never the
+  secret itself.
 * **No token** (a host mounts the app): every request that reaches the dashboard may act; the
   host's own authentication decides who reaches it.
-* **CSRF**: every POST carries a form field equal to the ``postjob_csrf`` cookie (random,
+* **CSRF**: every POST without the bearer carries a form field equal to the ``postjob_csrf`` cookie (random,
   SameSite=Strict, HttpOnly), and a browser's ``Origin`` / ``Sec-Fetch-Site`` headers, when
   sent, must name this site.
 """
@@ -49,13 +50,18 @@ class Guard:
             return False
         if self.token is None:
             return True
-        bearer = request.headers.get("Authorization", "")
-        if bearer.startswith("Bearer ") and hmac.compare_digest(
-            bearer[7:].encode(), self.token.encode()
-        ):
+        if self.bearer(request):
             return True
         cookie = request.cookies.get(SESSION_COOKIE, "")
         return hmac.compare_digest(cookie.encode(), _session_value(self.token).encode())
+
+    def bearer(self, request: Request) -> bool | None:
+        """Whether the request carries ``Authorization: Bearer <the token>``: None without a
+        bearer (or without a token), False with another one."""
+        header = request.headers.get("Authorization", "")
+        if self.token is None or not header.startswith("Bearer "):
+            return None
+        return hmac.compare_digest(header[7:].encode(), self.token.encode())
 
     def needs_login(self, request: Request) -> bool:
         return not self.read_only and self.token is not None and not self.can_act(request)
@@ -71,10 +77,19 @@ class Guard:
         )
 
     def require_action(self, request: Request) -> None:
-        """Raise Forbidden unless this POST may act: not read-only, authorised, and proven
-        to come from the dashboard's own page (CSRF)."""
+        """Raise Forbidden unless this POST may act: not read-only, and either a script's
+        bearer token or an authorised browser proven to come from the dashboard's own page
+        (CSRF). A bearer needs no CSRF proof: a browser never adds that header by itself (a
+        page of another site cannot send it without a CORS preflight, which this dashboard
+        never grants), while it does send the session cookie."""
         if self.read_only:
             raise Forbidden("the dashboard is read-only")
+        bearer = self.bearer(request)
+        if bearer is False:  # a script with the wrong secret should hear so
+            raise Forbidden("the bearer token is not this dashboard's token")
+        if bearer:
+            require_same_site(request)
+            return
         require_same_origin(request)
         if not self.can_act(request):
             raise Forbidden("actions need the dashboard's token: log in first")
@@ -101,15 +116,20 @@ def set_csrf_cookie(request: Request, response: Response) -> None:
         )
 
 
-def require_same_origin(request: Request) -> None:
-    """Raise Forbidden unless this POST carries the CSRF proof and, where the browser says
-    where it came from, comes from this site."""
+def require_same_site(request: Request) -> None:
+    """Raise Forbidden if a browser says this request comes from another site."""
     site = request.headers.get("Sec-Fetch-Site")
     if site is not None and site not in ("same-origin", "none"):
         raise Forbidden("cross-site request refused")
     origin = request.headers.get("Origin")
     if origin is not None and urlsplit(origin).netloc != request.host:
         raise Forbidden("cross-origin request refused")
+
+
+def require_same_origin(request: Request) -> None:
+    """Raise Forbidden unless this POST carries the CSRF proof and, where the browser says
+    where it came from, comes from this site."""
+    require_same_site(request)
     cookie = request.cookies.get(CSRF_COOKIE, "")
     offered = request.form.get(CSRF_FIELD, "")
     if len(cookie) < 32 or not hmac.compare_digest(cookie.encode(), offered.encode()):

@@ -346,6 +346,37 @@ def test_with_a_token_actions_need_a_login_or_the_bearer(engine: Engine, seeded:
     assert bearer.status_code == 303
 
 
+def test_a_script_with_the_bearer_alone_may_act(engine: Engine, seeded: Seeded) -> None:
+    """Issue 24 item 11: ``Authorization: Bearer SECRET`` is enough for a script, as
+    docs/dashboard.md says: no CSRF cookie fetched first, no form field."""
+    script = Client(create_app(engine, token=TOKEN))
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    done = script.post(f"/jobs/{seeded.failed}/reset", headers=bearer)
+    assert done.status_code == 303, body(done)
+    assert status_of(engine, seeded.failed) == "ready"
+    resolved = script.post("/resolve", data={"token": seeded.token, "value": '"ann"'}, headers=bearer)
+    assert resolved.status_code == 303, body(resolved)
+    assert status_of(engine, seeded.manual) == "ok"
+    assert script.get_cookie("postjob_csrf") is None  # it never had one
+    # a wrong bearer is refused, and says so
+    wrong = Client(create_app(engine, token=TOKEN)).post(
+        f"/jobs/{seeded.failed}/force", headers={"Authorization": "Bearer not the secret"})
+    assert wrong.status_code == 403 and "bearer token" in body(wrong)
+    # a browser's cross-site request is refused even with the bearer
+    cross = script.post(f"/jobs/{seeded.xss}/reset", headers={**bearer, "Sec-Fetch-Site": "cross-site"})
+    assert cross.status_code == 403
+    assert status_of(engine, seeded.xss) == "failed"
+
+
+def test_a_logged_in_browser_still_needs_the_csrf_value(engine: Engine, seeded: Seeded) -> None:
+    """The session cookie is sent by the browser whoever made the page: CSRF stays required."""
+    client = Client(create_app(engine, token=TOKEN))
+    assert post(client, "/login", {"token": TOKEN}).status_code == 303
+    assert client.post(f"/jobs/{seeded.failed}/reset", data={}).status_code == 403
+    assert status_of(engine, seeded.failed) == "failed"
+    assert post(client, f"/jobs/{seeded.failed}/reset").status_code == 303
+
+
 def test_resolve_with_a_value_wakes_the_parent(client: Client, seeded: Seeded, engine: Engine) -> None:
     form = {"token": seeded.token, "value": '"ann"', "outcome": "value", "back": str(seeded.order)}
     response = post(client, "/resolve", form)
