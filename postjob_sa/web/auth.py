@@ -3,8 +3,10 @@
 * **Read-only** mode: no action at all, whoever asks.
 * **Token**: with a secret (``postjob web --token``), an action needs the session cookie that
   ``/login`` sets after checking the secret, or an ``Authorization: Bearer <secret>`` header
-  (a script's: it needs no CSRF proof). The cookie holds an HMAC of the secret, never the
-  secret itself.
+  (a script's: it needs no CSRF proof). The cookie holds the time of the login, a random
+  value and an HMAC of both under the secret (never the secret itself); it lasts
+  ``session_max_age`` seconds (12 hours), which the server checks, and changing the secret
+  ends every session.
 * **No token** (a host mounts the app): every request that reaches the dashboard may act; the
   host's own authentication decides who reaches it.
 * **CSRF**: every POST without the bearer carries a form field equal to the ``postjob_csrf`` cookie (random,
@@ -17,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -26,11 +30,33 @@ from werkzeug.wrappers import Request, Response
 CSRF_COOKIE = "postjob_csrf"
 CSRF_FIELD = "csrf"
 SESSION_COOKIE = "postjob_session"
-_SESSION_MESSAGE = b"postjob web session v1"
+#: How long a login lasts (the cookie's Max-Age, and the server's check of its signed time).
+SESSION_MAX_AGE = 12 * 3600.0
+_SESSION_MESSAGE = "postjob web session v2"
+#: A cookie signed this far in the future is refused (clocks of several servers may differ).
+_CLOCK_SKEW = 60
 
 
-def _session_value(token: str) -> str:
-    return hmac.new(token.encode(), _SESSION_MESSAGE, hashlib.sha256).hexdigest()
+def _signature(token: str, issued: int, nonce: str) -> str:
+    message = f"{_SESSION_MESSAGE}|{issued}|{nonce}".encode()
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+
+
+def _new_session(token: str, now: float) -> str:
+    """``<issued>.<nonce>.<HMAC of both under the token>``: each login its own value, and
+    changing the token ends every session."""
+    issued, nonce = int(now), secrets.token_urlsafe(12)
+    return f"{issued}.{nonce}.{_signature(token, issued, nonce)}"
+
+
+def _valid_session(token: str, value: str, now: float, max_age: float) -> bool:
+    parts = value.split(".")
+    if len(parts) != 3 or not parts[0].isdigit() or len(parts[0]) > 12:
+        return False
+    issued, nonce, mac = int(parts[0]), parts[1], parts[2]
+    if not hmac.compare_digest(mac.encode(), _signature(token, issued, nonce).encode()):
+        return False
+    return -_CLOCK_SKEW <= now - issued < max_age
 
 
 def cookie_path(request: Request) -> str:
@@ -43,6 +69,8 @@ class Guard:
 
     token: str | None = None
     read_only: bool = False
+    session_max_age: float = SESSION_MAX_AGE
+    clock: Callable[[], float] = time.time
 
     def can_act(self, request: Request) -> bool:
         """Whether this request may run actions (its CSRF proof is checked separately)."""
@@ -53,7 +81,7 @@ class Guard:
         if self.bearer(request):
             return True
         cookie = request.cookies.get(SESSION_COOKIE, "")
-        return hmac.compare_digest(cookie.encode(), _session_value(self.token).encode())
+        return _valid_session(self.token, cookie, self.clock(), self.session_max_age)
 
     def bearer(self, request: Request) -> bool | None:
         """Whether the request carries ``Authorization: Bearer <the token>``: None without a
@@ -72,8 +100,9 @@ class Guard:
     def log_in(self, response: Response, request: Request) -> None:
         assert self.token is not None
         response.set_cookie(
-            SESSION_COOKIE, _session_value(self.token), path=cookie_path(request),
-            httponly=True, samesite="Strict", secure=request.is_secure,
+            SESSION_COOKIE, _new_session(self.token, self.clock()), path=cookie_path(request),
+            max_age=int(self.session_max_age), httponly=True, samesite="Strict",
+            secure=request.is_secure,
         )
 
     def require_action(self, request: Request) -> None:

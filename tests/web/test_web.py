@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 
 import pytest
 from sqlalchemy import Engine, text
@@ -377,6 +379,36 @@ def test_a_logged_in_browser_still_needs_the_csrf_value(engine: Engine, seeded: 
     assert post(client, f"/jobs/{seeded.failed}/reset").status_code == 303
 
 
+def test_a_login_session_expires_and_each_login_has_its_own(engine: Engine, seeded: Seeded) -> None:
+    """Issue 24: the session cookie was a fixed HMAC of the token, the same for every login,
+    valid for ever. Now each login gets its own, for 12 hours (the cookie's Max-Age, and the
+    server's check of its signed time)."""
+    app = create_app(engine, token=TOKEN)
+    client = Client(app)
+    response = post(client, "/login", {"token": TOKEN})
+    assert response.status_code == 303
+    [set_cookie] = [h for h in response.headers.getlist("Set-Cookie") if h.startswith("postjob_session=")]
+    assert "Max-Age=43200" in set_cookie and "HttpOnly" in set_cookie and "SameSite=Strict" in set_cookie
+    cookie = client.get_cookie("postjob_session")
+    assert cookie is not None
+    other = Client(app)
+    assert post(other, "/login", {"token": TOKEN}).status_code == 303
+    assert other.get_cookie("postjob_session").value != cookie.value  # type: ignore[union-attr]
+    # tampering with the signed time is refused
+    issued, rest = cookie.value.split(".", 1)
+    forged = Client(app)
+    forged.set_cookie("postjob_session", f"{int(issued) + 3600}.{rest}")
+    assert post(forged, f"/jobs/{seeded.failed}/force").status_code == 403
+    # twelve hours later the server refuses the cookie (whatever a client keeps)
+    assert "Log out" in body(client.get("/"))
+    app.guard = dataclasses.replace(app.guard, clock=lambda: time.time() + 12 * 3600 + 1)
+    refused = post(client, f"/jobs/{seeded.failed}/reset")
+    assert refused.status_code == 403 and "log in" in body(refused)
+    assert status_of(engine, seeded.failed) == "failed"
+    app.guard = dataclasses.replace(app.guard, clock=time.time)
+    assert post(client, f"/jobs/{seeded.failed}/reset").status_code == 303
+
+
 def test_resolve_with_a_value_wakes_the_parent(client: Client, seeded: Seeded, engine: Engine) -> None:
     form = {"token": seeded.token, "value": '"ann"', "outcome": "value", "back": str(seeded.order)}
     response = post(client, "/resolve", form)
@@ -418,6 +450,8 @@ def test_create_app_rejects_bad_settings(engine: Engine) -> None:
         create_app(engine, token="short")
     with pytest.raises(InvalidArgument):
         create_app(engine, refresh=-1)
+    with pytest.raises(InvalidArgument, match="session_max_age"):
+        create_app(engine, token=TOKEN, session_max_age=0)
 
 
 def test_a_mounted_app_builds_links_under_its_path(engine: Engine, seeded: Seeded) -> None:

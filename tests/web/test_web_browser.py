@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,18 @@ def test_an_action_without_the_token_is_refused(page: Any, locked_site: Served, 
     page.get_by_role("button", name="Reset").click()
     page.wait_for_url("**done=reset")
     assert status_of(engine, seeded.failed) == "ready"
+
+
+def test_a_login_lasts_twelve_hours_in_the_browser(page: Any, locked_site: Served, seeded: Seeded) -> None:
+    """The browser keeps the session cookie for its Max-Age, not for ever (issue 24)."""
+    page.goto(locked_site.url + "/login")
+    page.get_by_label("token").fill(TOKEN)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(locked_site.url + "/")
+    [session] = [c for c in page.context.cookies() if c["name"] == "postjob_session"]
+    assert session["httpOnly"] and session["sameSite"] == "Strict"
+    assert abs(session["expires"] - (time.time() + 12 * 3600)) < 120
+    assert page.get_by_role("button", name="Log out").count() == 1
 
 
 def test_an_xss_payload_renders_inert(page: Any, site: Served, seeded: Seeded) -> None:
