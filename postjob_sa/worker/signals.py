@@ -3,6 +3,7 @@ second stops at once and hands them back."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -12,6 +13,14 @@ from contextlib import contextmanager
 from types import FrameType
 
 log = logging.getLogger("postjob_sa.worker")
+
+
+def raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in another thread at its next Python instruction, as a signal's handler
+    raises in the main thread (None withdraws one not raised yet). A thread blocked in a call
+    (a sleep, a socket read) gets it when the call returns: no more of its code runs."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), None if exc is None else ctypes.py_object(exc))
 
 
 class Abort(BaseException):
