@@ -127,3 +127,13 @@ def test_an_hourly_schedule_ticks_in_real_time_through_both_passes() -> None:
                      for i in range(1, 8)]
     # in the second pass the latest tick is the one a quarter of an hour ago, not an hour ago
     assert spec.latest(datetime(2026, 10, 25, 1, 20, tzinfo=UTC)) == datetime(2026, 10, 25, 1, 15, tzinfo=UTC)
+
+
+def test_the_grace_of_a_tick_before_a_repeated_hour_is_its_real_interval() -> None:
+    """02:00 CEST and the next tick, 02:00 CET, are an hour apart though their wall times are
+    equal (datetimes of one zone subtract by wall time): skip_missed's grace is 60 s, not 0."""
+    spec = ScheduleSpec.build("0 * * * *", "Europe/Paris", None, True)
+    assert spec is not None
+    tick = spec.latest(datetime(2026, 10, 25, 0, 0, 30, tzinfo=UTC))
+    assert tick == datetime(2026, 10, 25, 0, 0, tzinfo=UTC)
+    assert spec.grace(tick) == 60
