@@ -35,7 +35,7 @@ T = TypeVar("T")
 WATCHDOG_PERIOD = 0.5
 WATCHDOG_LATE = 1.0
 #: How long :meth:`Slots.abandon` waits for the code of the jobs it interrupts to stop.
-ABANDON_WAIT = 5.0
+ABANDON_WAIT = 2.0
 
 
 class JobLoop:
@@ -304,10 +304,10 @@ class Slots:
     def abandon(self, wait: float = ABANDON_WAIT) -> list[RunningJob]:
         """Give up every job held (a second stop signal): sync ones are interrupted (Abort
         raised in their threads, as a signal would in the main thread), async ones cancelled,
-        and their later outcomes dropped. Returns the jobs whose code has stopped (within
-        ``wait`` seconds), for the caller to hand back. A job still running then (blocked in
-        a call) is not handed back, so that no other worker starts it while its code may run:
-        it keeps its lease until the lease ends, as a dead worker's job would."""
+        and their later outcomes dropped. Waits up to ``wait`` seconds for their code to stop
+        (its ``finally`` blocks to run), then returns them all, for the caller to hand back.
+        A job blocked in a call (a sleep, a socket read) gets the Abort when the call returns:
+        no more of its code runs, and its outcome is dropped."""
         with self._changed:
             jobs = [job for job, _ in self._running.values()]
             futures = [f for _, f in self._running.values() if f is not None]
@@ -330,10 +330,9 @@ class Slots:
                     break
                 self._changed.wait(left)
         if still:
-            log.warning("job(s) %s did not stop within %g s (blocked in a call?): not handed "
-                        "back; another worker takes them when their lease ends",
-                        ", ".join(map(str, still)), wait)
-        return [job for job in jobs if job.id not in still]
+            log.warning("job(s) %s still in a call after %g s: handed back all the same; "
+                        "their code stops when the call returns", ", ".join(map(str, still)), wait)
+        return jobs
 
     def close(self) -> None:
         for _ in self._threads:
