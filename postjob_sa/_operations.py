@@ -7,12 +7,18 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from postjob_sa import _limits, _sql, _validate
+from postjob_sa._db import sqlstate
 from postjob_sa._migrations import schema_checked
 from postjob_sa.errors import InvalidArgument, InvalidJobState, JobNotFound
 from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, QueueLimit, Status
+
+#: SQLSTATE unique_violation; and the one reset_jobs raises itself for a key held by another job.
+UNIQUE_VIOLATION = "23505"
+KEY_HELD_STATE = "PJ002"
 
 
 class JobOperations:
@@ -35,8 +41,10 @@ class JobOperations:
         except ValueError:
             raise InvalidArgument(f"not a token: {token!r}") from None
         payload = _validate.to_json(result, "result")
-        if error is not None and not isinstance(error, str):
-            raise InvalidArgument("error must be a message string")
+        if error is not None:
+            if not isinstance(error, str):
+                raise InvalidArgument("error must be a message string")
+            _validate.text(error, "the error message")
         row = self.session.execute(_sql.TOKEN_JOB, {"token": str(token_uuid)}).first()
         if row is None:
             raise JobNotFound(f"no job has the token {token_uuid}")
@@ -75,8 +83,30 @@ class JobOperations:
                 f"job {', '.join(map(str, running))} is running: reset it once it has finished "
                 "(or once its worker is gone and `postjob reap` has rescued it)"
             )
-        ids_reset = self.session.execute(_sql.JOBS_RESET, {"ids": checked}).scalar_one()
+        # A job whose unique key a newer unfinished job holds cannot hold it again: the unique
+        # index (or the function, PJ002) refuses. A savepoint keeps the caller's transaction
+        # usable, and the refusal names the holder.
+        savepoint = self.session.begin_nested()
+        try:
+            ids_reset = self.session.execute(_sql.JOBS_RESET, {"ids": checked}).scalar_one()
+        except DBAPIError as exc:
+            if sqlstate(exc) not in (UNIQUE_VIOLATION, KEY_HELD_STATE):
+                raise
+            savepoint.rollback()
+            raise self._key_held(checked, exc) from None
+        savepoint.commit()
         return list(ids_reset)
+
+    def _key_held(self, ids: list[int], exc: DBAPIError) -> InvalidJobState:
+        row = self.session.execute(_sql.JOB_RESET_KEY_HOLDER, {"ids": ids}).first()
+        if row is None:  # the holder finished meanwhile: say what the database said
+            detail = getattr(getattr(exc.orig, "diag", None), "message_primary", None) or str(exc.orig)
+            return InvalidJobState(f"cannot reset job {', '.join(map(str, ids))}: {detail} "
+                                   "(try again)")
+        return InvalidJobState(
+            f"job {row.id} cannot be reset: its unique key {row.unique_key!r} is held by "
+            f"unfinished job {row.holder}; cancel or finish job {row.holder} first"
+        )
 
     @schema_checked
     def cancel(self, job_id: int) -> list[int]:

@@ -21,6 +21,15 @@ from postjob_sa.errors import InvalidArgument
 MISSED_GRACE = 60.0
 #: The shortest interval of ``every``.
 MIN_EVERY = 1.0
+#: Ticks of a repeated hour a search passes at most (a minute each; the longest repeat in the
+#: tz database is two hours).
+MAX_STEPS = 1500
+
+
+def _utc(tick: datetime) -> datetime:
+    """Ticks are compared and subtracted in UTC: two datetimes of one zone compare by wall
+    time, whatever their fold, so 02:30 CEST and 02:30 CET would be equal."""
+    return tick.astimezone(UTC)
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,11 @@ class ScheduleSpec:
             return cls(every=float(every), skip_missed=skip_missed)
         if not isinstance(cron, str):
             raise InvalidArgument(f"cron must be a cron expression string, not {cron!r}")
+        fields = len(cron.split())
+        if fields == 6:  # cronsim would read a leading seconds field
+            raise InvalidArgument(
+                f"cron must have five fields (minute hour day-of-month month day-of-week), "
+                f"not 6: {cron!r} (for a period in seconds use every=)")
         zone = "UTC" if tz is None else tz
         try:
             ZoneInfo(zone)
@@ -67,24 +81,49 @@ class ScheduleSpec:
         return cls(cron=cron, timezone=zone, skip_missed=skip_missed)
 
     def latest(self, now: datetime) -> datetime:
-        """The most recent tick at or before ``now``."""
+        """The most recent tick at or before ``now`` (UTC)."""
         if self.every is not None:
             epoch = now.timestamp()
             return datetime.fromtimestamp(math.floor(epoch / self.every) * self.every, UTC)
         assert self.cron is not None
-        local = now.astimezone(ZoneInfo(self.timezone or "UTC")) + timedelta(microseconds=1)
-        tick: datetime = next(CronSim(self.cron, local, reverse=True))
+        # the microsecond is added to the instant, not to the local time: local arithmetic
+        # drops the fold, and in a repeated hour that is the other pass, an hour away
+        local = (now + timedelta(microseconds=1)).astimezone(self._zone())
+        tick = _utc(next(CronSim(self.cron, local, reverse=True)))
+        # In a repeated hour cron's wall-clock walk back can skip ticks of the first pass
+        # (a fixed time runs at its first occurrence): the latest is the last tick of the
+        # forward sequence at or before now.
+        for _ in range(MAX_STEPS):
+            later = self.following(tick)
+            if later > now:
+                break
+            tick = later
         return tick
 
     def following(self, after: datetime) -> datetime:
-        """The first tick after ``after``."""
+        """The first tick after ``after`` (UTC); always later than ``after``."""
         if self.every is not None:
             epoch = after.timestamp()
             return datetime.fromtimestamp((math.floor(epoch / self.every) + 1) * self.every,
                                           UTC)
         assert self.cron is not None
-        tick: datetime = next(CronSim(self.cron, after.astimezone(ZoneInfo(self.timezone or "UTC"))))
-        return tick
+        # A fixed time (``30 2 * * *``) runs once a day, at the first occurrence of its wall
+        # time: from the second pass of a repeated hour, cron's walk returns that first
+        # occurrence, in the past. The next tick is the first one after ``after``.
+        ticks = CronSim(self.cron, after.astimezone(self._zone()))
+        tick = _utc(next(ticks))
+        for _ in range(MAX_STEPS):
+            if tick > after:
+                return tick
+            tick = _utc(next(ticks))
+        return max(tick, after + timedelta(seconds=MISSED_GRACE))  # never now: no busy loop
+
+    def local(self, tick: datetime) -> datetime:
+        """A tick in the schedule's time zone (what the job's ``tick`` tag shows)."""
+        return tick.astimezone(self._zone()) if self.cron is not None else tick
+
+    def _zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone or "UTC")
 
     def grace(self, tick: datetime) -> float:
         """How late a tick may be claimed and still run, with skip_missed."""

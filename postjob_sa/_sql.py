@@ -183,6 +183,19 @@ JOB_RESOLVE = text(
 
 JOBS_RESET = text("SELECT postjob.reset_jobs(CAST(:ids AS bigint[]))")
 
+#: Why a reset of these jobs was refused: a finished job among them (or among the descendants
+#: reset brings back) whose unique key a newer unfinished job holds, with that holder.
+JOB_RESET_KEY_HOLDER = text(
+    "SELECT j.id, j.unique_key, h.id AS holder FROM postjob.postjobs j "
+    "JOIN postjob.postjobs h ON h.unique_key = j.unique_key AND h.id <> j.id "
+    "AND h.status IN ('ready', 'processing', 'sleep', 'err') "
+    "WHERE j.unique_key IS NOT NULL AND j.status NOT IN ('ready', 'processing', 'sleep', 'err') "
+    "AND (j.id = ANY(CAST(:ids AS bigint[])) OR EXISTS (SELECT 1 FROM postjob.postjobs a "
+    "WHERE a.id = ANY(CAST(:ids AS bigint[])) AND j.root_id = a.root_id "
+    "AND j.full_id LIKE a.full_id || '.%')) "
+    "ORDER BY j.id, h.id LIMIT 1"
+)
+
 #: The ids cancelled: these jobs and their unfinished descendants.
 JOBS_CANCEL = text("SELECT postjob.cancel_jobs(CAST(:ids AS bigint[]))")
 

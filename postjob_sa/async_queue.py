@@ -141,7 +141,7 @@ class AsyncJobQueue:
                 return await asyncio.shield(future)
             except asyncio.CancelledError:
                 worker.stopper.request("the task running the worker was cancelled")
-                await future  # the running jobs end first
+                await _worker_ended(future, worker)  # the running jobs end first
                 raise
         finally:
             for sig in installed:
@@ -177,7 +177,8 @@ class AsyncJobQueue:
     ) -> int:
         """The worker loop (see ``JobQueue.work``), awaitable. In the main thread, SIGINT and
         SIGTERM stop it (running jobs end first; a second signal hands them back); cancelling
-        the awaiting task stops it the same way."""
+        the awaiting task stops it the same way (a second cancel hands them back), and the
+        task ends only once the worker has stopped: nothing of it runs on after this returns."""
         if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
             raise InvalidArgument(f"count must be a positive integer, not {count!r}")
         return await self._run(
@@ -186,6 +187,20 @@ class AsyncJobQueue:
             workflows=list(workflows) if workflows is not None else None,
             concurrency=self._template.concurrency,
         )
+
+
+async def _worker_ended(future: asyncio.Future[int], worker: Worker) -> None:
+    """Until the worker's thread has ended. A further cancel hands the running jobs back
+    (their code is interrupted); it does not stop the wait: nothing of the worker may go on
+    running once ``work()`` has returned."""
+    while True:
+        try:
+            await asyncio.shield(future)
+            return
+        except asyncio.CancelledError:
+            if future.done():
+                raise
+            worker.stopper.abort("the task running the worker was cancelled again")
 
 
 def _stop_on_signals(loop: asyncio.AbstractEventLoop, worker: Worker) -> list[signal.Signals]:

@@ -60,17 +60,28 @@ class _ChildSpec:
     timeout: float | None
 
 
-@dataclass
+@dataclass(eq=False)
 class ChildHandle:
     """A child job as the running parent sees it in this run.
 
     In an ``async def`` workflow, ``await handle`` gives the result (``result()`` would block
-    the event loop for a round trip), and ``await handle.token_async()`` the token.
+    the event loop for a round trip), and ``await handle.token_async()`` the token;
+    ``await asyncio.gather(*handles)`` gives them all. Two handles are equal when they name
+    the same child in the same run (spawned with the same workflow and args); handles can be
+    put in sets and used as keys.
     """
 
     _ctx: _RunContext
     _key: _ChildKey
     _row: dict[str, Any] | None = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ChildHandle):
+            return NotImplemented
+        return self._ctx is other._ctx and self._key == other._key
+
+    def __hash__(self) -> int:  # what the row read in this run says is no part of it
+        return hash((id(self._ctx), self._key))
 
     def _in_run(self) -> None:
         """Refuse use outside the run that made this handle (NotInJob, not the internal

@@ -204,8 +204,8 @@ def workflow(
     defaults for its jobs; with ``transactional=True`` the function receives the worker's
     Session first and its writes commit together with the job's completion.
 
-    A periodic workflow (called without args): ``cron="m h dom mon dow"`` in ``timezone``
-    (an IANA name, default UTC), or ``every=seconds``; running workers enqueue one job per tick
+    A periodic workflow (called without args): ``cron="m h dom mon dow"`` (five fields; six
+    are refused) in ``timezone`` (an IANA name, default UTC), or ``every=seconds``; running workers enqueue one job per tick
     between them. After downtime the most recent missed tick runs once; with
     ``skip_missed=True`` a tick runs only if it is claimed on time (see docs/features.md).
 

@@ -25,7 +25,7 @@ from postjob_sa.errors import InvalidArgument
 
 from .app import Dashboard
 from .asgi import as_asgi
-from .auth import Guard
+from .auth import SESSION_MAX_AGE, Guard
 from .views import Settings
 
 __all__ = ["Dashboard", "as_asgi", "create_app"]
@@ -38,6 +38,7 @@ def create_app(
     read_only: bool = False,
     refresh: float = 2.0,
     stuck_after: float = 60.0,
+    session_max_age: float = SESSION_MAX_AGE,
 ) -> Dashboard:
     """The dashboard on ``bind`` (an Engine, or a database URL), as a WSGI application.
 
@@ -46,13 +47,18 @@ def create_app(
     without one, whoever reaches the app may act, so mount it behind your own
     authentication. ``refresh`` is how often pages update themselves, in seconds (0: never);
     ``stuck_after`` is how long a due job may wait before the overview lists it among the
-    jobs no running worker runs.
+    jobs no running worker runs; ``session_max_age`` how long a login at ``/login`` lasts, in
+    seconds (12 hours).
     """
     if token is not None and (not isinstance(token, str) or len(token) < 8):
         raise InvalidArgument("the dashboard's token must be a string of at least 8 characters")
     for name, value in (("refresh", refresh), ("stuck_after", stuck_after)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise InvalidArgument(f"{name} must be a number of seconds, not {value!r}")
+    if (isinstance(session_max_age, bool) or not isinstance(session_max_age, (int, float))
+            or not 60 <= session_max_age <= 366 * 86400):
+        raise InvalidArgument("session_max_age must be a number of seconds from 60 to a year, "
+                              f"not {session_max_age!r}")
     if isinstance(bind, str):
         try:
             url = make_url(bind)
@@ -64,6 +70,7 @@ def create_app(
         engine = bind
     check_driver(engine)
     return Dashboard(
-        engine, Guard(token=token, read_only=bool(read_only)),
+        engine, Guard(token=token, read_only=bool(read_only),
+                      session_max_age=float(session_max_age)),
         Settings(refresh=float(refresh), stuck_after=float(stuck_after)),
     )

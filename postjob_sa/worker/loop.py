@@ -273,7 +273,7 @@ class Worker:
                 if not wf.is_async:
                     return run_job(ctx, wf)
                 future = self.job_loop().submit(run_job_async(ctx, wf))
-                return future.result()
+                return self.stopper.wait_for(future)  # an abort reaches this thread
         except Abort:
             if future is not None:
                 future.cancel()

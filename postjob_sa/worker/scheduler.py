@@ -114,14 +114,14 @@ class Scheduler:
                 "queue": wf.queue or DEFAULT_QUEUE,
                 "max_attempts": wf.max_attempts or DEFAULT_MAX_ATTEMPTS,
                 "timeout": wf.timeout,
-                "tags": _json.encode({"schedule": wf.name, "tick": latest.isoformat()}),
+                "tags": _json.encode({"schedule": wf.name, "tick": spec.local(latest).isoformat()}),
             })
             if job_id is not None:
-                log.info("schedule %s: tick %s enqueued job %s", wf.name, latest.isoformat(),
+                log.info("schedule %s: tick %s enqueued job %s", wf.name, spec.local(latest).isoformat(),
                          job_id)
             elif skip:
                 log.info("schedule %s: tick %s missed (skip_missed): skipped", wf.name,
-                         latest.isoformat())
+                         spec.local(latest).isoformat())
             done.append(Tick(wf.name, latest, following, job_id, skip))
         self._next_check = time.monotonic() + max(0.0, wait)
         return done

@@ -3,6 +3,8 @@ second stops at once and hands them back."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import ctypes
 import logging
 import os
 import signal
@@ -10,8 +12,21 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import TypeVar
 
 log = logging.getLogger("postjob_sa.worker")
+T = TypeVar("T")
+
+#: How often a thread waiting for a job that runs elsewhere looks whether it was aborted.
+ABORT_POLL = 0.1
+
+
+def raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in another thread at its next Python instruction, as a signal's handler
+    raises in the main thread (None withdraws one not raised yet). A thread blocked in a call
+    (a sleep, a socket read) gets it when the call returns: no more of its code runs."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), None if exc is None else ctypes.py_object(exc))
 
 
 class Abort(BaseException):
@@ -37,15 +52,55 @@ class Stopper:
         self.waiting = False
         self._signals = 0
         self._pipe: tuple[int, int] | None = None
+        # the thread in running(), and whether abort() raised Abort in it (under the lock:
+        # an abort that comes as the jobs end is withdrawn, never raised outside them)
+        self._lock = threading.Lock()
+        self._job_thread: int | None = None
+        self._posted = False
 
     @contextmanager
     def running(self) -> Iterator[None]:
-        """Around running jobs (or waiting for them to end): only a second signal stops them."""
-        self.in_job = True
+        """Around running jobs (or waiting for them to end): only a second signal (or
+        :meth:`abort`) stops them."""
+        with self._lock:
+            self.in_job = True
+            self._job_thread = threading.get_ident()
         try:
             yield
         finally:
-            self.in_job = False
+            with self._lock:
+                self.in_job = False
+                if self._posted and self._job_thread is not None:
+                    raise_in(self._job_thread, None)
+                self._posted = False
+                self._job_thread = None
+
+    def abort(self, why: str) -> None:
+        """Stop at once, from another thread (a second stop request): Abort is raised in the
+        thread that runs the jobs (or waits for them), which hands them back."""
+        if not self.aborted:
+            log.warning("%s: stopping now, handing the running jobs back", why)
+        self.requested = True
+        self.aborted = True
+        with self._lock:
+            thread = self._job_thread
+            if self.in_job and thread is not None and thread != threading.get_ident() \
+                    and not self._posted:
+                raise_in(thread, Abort)
+                self._posted = True
+        self._wake()
+
+    def wait_for(self, future: concurrent.futures.Future[T]) -> T:
+        """The result of a job that runs elsewhere (the event loop of async jobs), waited
+        for in short steps: an :meth:`abort` reaches this thread only between them."""
+        while True:
+            try:
+                return future.result(timeout=ABORT_POLL)
+            except concurrent.futures.TimeoutError:
+                if future.done():
+                    return future.result()
+                if self.aborted:
+                    raise Abort() from None
 
     @contextmanager
     def pausing(self) -> Iterator[None]:
@@ -91,9 +146,7 @@ class Stopper:
         if self._signals == 1:
             self.request(f"received {name}")
             return
-        log.warning("received %s again: stopping now", name)
-        self.aborted = True
-        self._wake()
+        self.abort(f"received {name} again")
 
     @contextmanager
     def handlers(self, enabled: bool) -> Iterator[None]:

@@ -26,6 +26,7 @@ from postjob_sa._db import Conn, close_quietly
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.registry import Workflow
 from postjob_sa.worker.executor import Outcome, run_job, run_job_async
+from postjob_sa.worker.signals import Abort, raise_in
 
 log = logging.getLogger("postjob_sa.worker")
 T = TypeVar("T")
@@ -33,6 +34,8 @@ T = TypeVar("T")
 #: The watchdog's period, and how late the event loop may answer before it says so.
 WATCHDOG_PERIOD = 0.5
 WATCHDOG_LATE = 1.0
+#: How long :meth:`Slots.abandon` waits for the code of the jobs it interrupts to stop.
+ABANDON_WAIT = 2.0
 
 
 class JobLoop:
@@ -171,6 +174,10 @@ class Slots:
         self._running: dict[int, tuple[RunningJob, concurrent.futures.Future[Outcome | None] | None]] = {}
         self._started: set[int] = set()  # of _running: those a slot has begun
         self._abandoned: set[int] = set()
+        #: the jobs whose code is running now, and the thread of each sync one (None: a task);
+        #: unlike _running, abandoning a job does not take it out: its code has to end
+        self._executing: dict[int, int | None] = {}
+        self._interrupted: set[int] = set()  # threads abandon() raised Abort in
         self._changed = threading.Condition()
         self._work: queue.SimpleQueue[tuple[RunningJob, Workflow[Any, Any]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -221,13 +228,14 @@ class Slots:
                 thread.start()
         self._work.put((job, wf))
 
-    def _begin(self, job: RunningJob) -> bool:
+    def _begin(self, job: RunningJob, thread: int | None) -> bool:
         """A slot takes the job; False if it was abandoned while it waited."""
         with self._changed:
             if job.id in self._abandoned or job.id not in self._running:
                 self._abandoned.discard(job.id)
                 return False
             self._started.add(job.id)
+            self._executing[job.id] = thread
             return True
 
     def _thread_main(self) -> None:
@@ -236,25 +244,31 @@ class Slots:
             if item is None:
                 return
             job, wf = item
-            if not self._begin(job):
-                continue
-            db = _JobDb(self.pool)
             try:
-                outcome = run_job(_RunContext(job, db=db, lost=self.lost,
-                                             fast_mode=self.fast_mode), wf)
-            except BaseException as exc:  # Abort cannot reach a pool thread; be safe anyway
-                outcome = Outcome(job.id, job.lease_token, "release", interrupt=exc,
-                                  workflow=job.workflow)
-            finally:
-                db.done()
-            self._ended(job, outcome)
+                self._run_in_thread(job, wf)
+            except Abort:  # abandon() interrupted the job as it was ending: it is given up
+                self._ended(job, Outcome(job.id, job.lease_token, "release", workflow=job.workflow))
+
+    def _run_in_thread(self, job: RunningJob, wf: Workflow[Any, Any]) -> None:
+        if not self._begin(job, threading.get_ident()):
+            return
+        db = _JobDb(self.pool)
+        try:
+            outcome = run_job(_RunContext(job, db=db, lost=self.lost, fast_mode=self.fast_mode),
+                              wf)
+        except BaseException as exc:  # Abort from abandon(), or the like
+            outcome = Outcome(job.id, job.lease_token, "release", interrupt=exc,
+                              workflow=job.workflow)
+        finally:
+            db.done()
+        self._ended(job, outcome)
 
     async def _run_async(self, job: RunningJob, wf: Workflow[Any, Any]) -> Outcome | None:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.size)
         try:
             async with self._semaphore:
-                if not self._begin(job):
+                if not self._begin(job, None):
                     return None
                 db = _JobDb(self.pool)
                 try:
@@ -269,6 +283,10 @@ class Slots:
 
     def _ended(self, job: RunningJob, outcome: Outcome) -> None:
         with self._changed:
+            thread = self._executing.pop(job.id, None)
+            if thread is not None and thread in self._interrupted:
+                raise_in(thread, None)  # not raised yet: the job has ended, keep the thread
+                self._interrupted.discard(thread)
             abandoned = job.id in self._abandoned
             self._abandoned.discard(job.id)
             self._started.discard(job.id)
@@ -287,18 +305,37 @@ class Slots:
             self._changed.notify_all()
         return waiting
 
-    def abandon(self) -> list[RunningJob]:
-        """Give up every job held (a second stop signal): their later outcomes are dropped,
-        async ones are cancelled. Returns them, so that the caller hands them back."""
+    def abandon(self, wait: float = ABANDON_WAIT) -> list[RunningJob]:
+        """Give up every job held (a second stop signal): sync ones are interrupted (Abort
+        raised in their threads, as a signal would in the main thread), async ones cancelled,
+        and their later outcomes dropped. Waits up to ``wait`` seconds for their code to stop
+        (its ``finally`` blocks to run), then returns them all, for the caller to hand back.
+        A job blocked in a call (a sleep, a socket read) gets the Abort when the call returns:
+        no more of its code runs, and its outcome is dropped."""
         with self._changed:
             jobs = [job for job, _ in self._running.values()]
             futures = [f for _, f in self._running.values() if f is not None]
             self._abandoned.update(job.id for job in jobs)
             self._running.clear()
             self._started.clear()
+            executing = dict(self._executing)
+            for thread in executing.values():
+                if thread is not None and thread not in self._interrupted:
+                    raise_in(thread, Abort)
+                    self._interrupted.add(thread)
             self._changed.notify_all()
         for future in futures:
             future.cancel()
+        deadline = time.monotonic() + wait
+        with self._changed:
+            while (still := [i for i in executing if i in self._executing]):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+        if still:
+            log.warning("job(s) %s still in a call after %g s: handed back all the same; "
+                        "their code stops when the call returns", ", ".join(map(str, still)), wait)
         return jobs
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -33,6 +34,33 @@ async def nap(seconds: float) -> str:
     NAPPING.set()
     await asyncio.sleep(seconds)
     return "rested"
+
+
+#: the long jobs below say here whether their code is running (set on entry, cleared on exit)
+LONG_RUNNING: dict[str, bool] = {}
+LONG_JOB_SECONDS = 8.0
+
+
+@postjob_sa.workflow(name="aq.long_sync", registry=reg)
+def long_sync() -> str:
+    LONG_RUNNING["sync"] = True
+    try:
+        deadline = time.monotonic() + LONG_JOB_SECONDS
+        while time.monotonic() < deadline:  # Python code: stops at its next instruction
+            time.sleep(0.01)
+        return "done"
+    finally:
+        LONG_RUNNING["sync"] = False
+
+
+@postjob_sa.workflow(name="aq.long_async", registry=reg)
+async def long_async() -> str:
+    LONG_RUNNING["async"] = True
+    try:
+        await asyncio.sleep(LONG_JOB_SECONDS)
+        return "done"
+    finally:
+        LONG_RUNNING["async"] = False
 
 
 ASYNC_DRIVERS = ["postgresql+psycopg", "postgresql+asyncpg"]
@@ -165,4 +193,46 @@ def test_cancelling_the_task_that_runs_work_stops_the_worker_after_its_jobs(
 
     _run(db_url, body)
     assert _count(orders, "SELECT status::text FROM postjob.postjobs") == "ok"  # it ended first
+    assert _count(orders, "SELECT count(*) FROM postjob.workers") == 0
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_second_cancel_hands_the_running_job_back_and_nothing_keeps_running(
+    db_url: URL, orders: Engine, kind: str, concurrency: int
+) -> None:
+    """Issue 24 item 14: the second cancel of the task awaiting work() hands the running job
+    back; its code stops, and work() returns only then (it used to return at once while
+    the worker thread went on running the job, and asyncio.run waited for it)."""
+    workflow = long_sync if kind == "sync" else long_async
+    LONG_RUNNING.clear()
+
+    async def body(engine: AsyncEngine) -> float:
+        async with AsyncSession(engine) as s:
+            q = AsyncJobQueue(s, registry=reg, concurrency=concurrency)
+            await q.enqueue(workflow)
+            await s.commit()
+            task = asyncio.create_task(q.work(handle_signals=False))
+            for _ in range(250):
+                await asyncio.sleep(0.02)
+                if LONG_RUNNING.get(kind):
+                    break
+            assert LONG_RUNNING.get(kind)
+            task.cancel()  # the first: stop after the running job
+            await asyncio.sleep(0.3)
+            assert not task.done() and LONG_RUNNING[kind]  # the job goes on
+            task.cancel()  # the second: hand it back
+            began = time.monotonic()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert LONG_RUNNING[kind] is False  # its code has stopped
+            return time.monotonic() - began
+
+    started = time.monotonic()
+    took = _run(db_url, body)
+    assert took < 3 and time.monotonic() - started < LONG_JOB_SECONDS - 2  # asyncio.run did not wait
+    with orders.connect() as conn:
+        status, attempts = conn.execute(text(
+            "SELECT status::text, failed_attempts FROM postjob.postjobs")).one()
+    assert (status, attempts) == ("ready", 0)  # handed back, no attempt counted
     assert _count(orders, "SELECT count(*) FROM postjob.workers") == 0

@@ -5,6 +5,7 @@ cover: each is refused with its error class (API) or one ``postjob:`` line and e
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -58,6 +59,11 @@ API_CASES = [
      lambda q, s: q.resolve(s["open_token"], NotJSON()), InvalidArgument, "JSON"),
     ("resolve with a NaN result",
      lambda q, s: q.resolve(s["open_token"], float("nan")), InvalidArgument, "JSON"),
+    ("resolve with a NUL in the error message",
+     lambda q, s: q.resolve(s["open_token"], error="not\x00approved"), InvalidArgument, "NUL"),
+    ("resolve with a lone surrogate in the error message",
+     lambda q, s: q.resolve(s["open_token"], error="not " + os.fsdecode(b"\xff")),
+     InvalidArgument, "lone surrogate"),
     ("enqueue a non-JSON arg", lambda q, s: q.enqueue("wf", {1, 2}), InvalidArgument, "JSON"),
     ("enqueue malformed tags", lambda q, s: q.enqueue("wf", tags={"": "x"}), InvalidArgument, "tag"),
     ("enqueue with max_attempts -1",
@@ -121,6 +127,8 @@ def _cli_cases() -> list[tuple[list[str], str]]:
         (["job", "reset", "9223372036854775808"], "out of range"),
         (["job", "resolve", "{final_token}", "1"], "already ok"),
         (["job", "resolve", "{open_token}", "--error", "x", "1"], "not both"),
+        # an argument's undecodable byte arrives as a lone surrogate (os.fsdecode)
+        (["job", "resolve", "{open_token}", "--error", "no " + os.fsdecode(b"\xff")], "lone surrogate"),
         (["run", "--import", "postjob_sa.demo", "--lease=-1"], "--lease duration must be more than 0"),
         (["run", "--import", "postjob_sa.demo", "--count", "0"], "--count"),
         (["ps", "--limit=-1"], "--limit"),

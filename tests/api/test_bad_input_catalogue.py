@@ -129,6 +129,18 @@ def _running_job(engine: Engine) -> int:
     return job_id
 
 
+def _key_taken(engine: Engine) -> int:
+    """A failed job whose unique key a newer unfinished job holds."""
+    with Session(engine) as s:
+        q = JobQueue(s, registry=reg)
+        old = q.enqueue(stored, "old", unique_key="nightly").id
+        s.execute(text("UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL "
+                       "WHERE id = :id"), {"id": old})
+        q.enqueue(stored, "newer", unique_key="nightly")
+        s.commit()
+    return old
+
+
 def _handle() -> ChildHandle:
     job = RunningJob(7, None, "app.parent", "", [], "q", 7, "7", None)
     return ChildHandle(_RunContext(job, db=None), ("catalogue.stored", "[]"))
@@ -145,10 +157,11 @@ def _cases(q: JobQueue, engine: Engine, tmp: Path) -> dict[str, list[Callable[[]
             lambda: q.enqueue(stored, uuid.uuid4()),
         ],
         "a lone surrogate (`os.fsdecode(b\"\\xff\")`) or a NUL in args, tags, a result "
-        "(`complete`, `resolve`) or an error message (`fail`)": [
+        "(`complete`, `resolve`) or an error message (`fail`, `resolve(token, error=...)`)": [
             lambda: q.enqueue(stored, SURROGATE),
             lambda: q.enqueue(stored, "\x00"),
             lambda: q.fail(Job(), ValueError(SURROGATE)),
+            lambda: q.resolve(token, error="no\x00"),
         ],
         "a lone surrogate in a workflow name, queue, version or tag name": [
             lambda: q.enqueue(stored, 1, queue=SURROGATE)],
@@ -178,6 +191,8 @@ def _cases(q: JobQueue, engine: Engine, tmp: Path) -> dict[str, list[Callable[[]
         "a child handle (`spawn`, `manual`) used after its workflow's run": [
             lambda: _handle().result()],
         "`reset` of a running (`processing`) job": [lambda: q.reset(_running_job(engine))],
+        "`reset` of a finished job whose `unique_key` a newer unfinished job holds (itself or a "
+        "descendant it would bring back)": [lambda: q.reset(_key_taken(engine))],
     }
 
 

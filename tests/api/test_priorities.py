@@ -10,7 +10,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 import postjob_sa
-from postjob_sa import InvalidArgument, Job, JobQueue, Registry, Status
+from postjob_sa import InvalidArgument, InvalidJobState, Job, JobQueue, Registry, Status
 
 reg = Registry()
 
@@ -156,6 +156,61 @@ def test_the_unique_index_refuses_a_second_unfinished_holder(session: Session) -
     session.add(Job(workflow="pr.a", args=[1], unique_key="k", status=Status.ok, next_run_at=None))
     session.add(Job(workflow="pr.a", args=[2], unique_key="k"))
     session.flush()  # a finished job does not hold its key
+
+
+def _finished_holder_and_newer(engine: Engine, key: str) -> tuple[int, int]:
+    """A failed job that held ``key`` and the newer unfinished job that holds it now."""
+    with Session(engine) as s:
+        q = _q(s)
+        old = q.enqueue(a, 1, unique_key=key).id
+        s.execute(text("UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL "
+                       "WHERE id = :id"), {"id": old})
+        newer = q.enqueue(a, 2, unique_key=key).id
+        s.commit()
+    assert newer != old
+    return old, newer
+
+
+def test_reset_of_a_job_whose_unique_key_a_newer_job_holds_names_the_holder(
+    engine: Engine, session: Session
+) -> None:
+    """Issue 24 item 6: a clear InvalidJobState, nothing reset, the caller's transaction usable
+    (its own earlier write commits)."""
+    old, newer = _finished_holder_and_newer(engine, "report:2026-12")
+    q = _q(session)
+    mine = q.enqueue(b, "mine").id
+    with pytest.raises(InvalidJobState) as caught:
+        q.reset(old)
+    assert str(caught.value) == (
+        f"job {old} cannot be reset: its unique key 'report:2026-12' is held by unfinished job "
+        f"{newer}; cancel or finish job {newer} first"
+    )
+    assert session.execute(text("SELECT 1")).scalar() == 1  # the transaction is usable
+    session.commit()
+    with engine.connect() as conn:
+        rows = dict(conn.execute(text("SELECT id, status::text FROM postjob.postjobs")).all())
+    assert rows == {old: "failed", newer: "ready", mine: "ready"}
+
+
+def test_reset_of_a_tree_whose_failed_child_lost_its_unique_key_names_the_holder(
+    engine: Engine, session: Session
+) -> None:
+    """The conflict may be a descendant's, which reset brings back with its ancestor."""
+    with Session(engine) as s:
+        q = _q(s)
+        root = q.enqueue(a, 0).id
+        child = q.enqueue(b, 1, parent_id=root, unique_key="child-key").id
+        s.execute(text("UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL "
+                       "WHERE id IN (:r, :c)"), {"r": root, "c": child})
+        holder = q.enqueue(b, 2, unique_key="child-key").id
+        s.commit()
+    with pytest.raises(InvalidJobState, match=f"job {child} cannot be reset: its unique key "
+                       f"'child-key' is held by unfinished job {holder}"):
+        _q(session).reset(root)
+    session.commit()
+    with engine.connect() as conn:
+        statuses = conn.execute(text("SELECT status::text FROM postjob.postjobs ORDER BY id")).scalars().all()
+    assert statuses == ["failed", "failed", "ready"]
 
 
 def test_a_bad_unique_key_is_refused(session: Session) -> None:

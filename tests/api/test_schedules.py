@@ -169,6 +169,18 @@ def test_bad_schedules_are_refused_at_declaration() -> None:
             postjob_sa.workflow(name="sx.bad", registry=Registry(), **kwargs)(lambda: None)
 
 
+@pytest.mark.parametrize("cron", ["0 30 2 * * *", "30 2 * * * 2030", "*/10 * * * * *"])
+def test_a_cron_of_six_fields_is_refused_not_read_as_seconds(cron: str) -> None:
+    """Issue 24: cronsim reads a sixth field as seconds in front; the docs say five fields
+    (and the DST rules of five-field cron do not apply to six)."""
+    with pytest.raises(InvalidArgument) as caught:
+        postjob_sa.workflow(name="sx.six", cron=cron, registry=Registry())(lambda: None)
+    assert str(caught.value) == (
+        f"cron must have five fields (minute hour day-of-month month day-of-week), not 6: "
+        f"{cron!r} (for a period in seconds use every=)"
+    )
+
+
 def test_a_changed_schedule_starts_again_from_its_next_tick(engine: Engine, conn: Conn) -> None:
     clock = Clock(datetime(2030, 1, 1, 10, 0, 30, tzinfo=UTC))
     Scheduler(reg, ["sx.minutely"], clock=clock).register(conn)

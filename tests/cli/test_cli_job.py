@@ -117,6 +117,22 @@ def test_reset_and_force(cli: Any, engine: Engine) -> None:
     assert due
 
 
+def test_reset_of_a_job_whose_unique_key_a_newer_job_holds_is_bad_input(cli: Any, engine: Engine) -> None:
+    """Issue 24 item 6: one line naming the holder, exit status 2 (was 1, "database error")."""
+    old = _insert(engine)
+    _sql(engine, "UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL, "
+         "unique_key = 'nightly' WHERE id = :id", id=old)
+    res = cli("job", "enqueue", "wf")
+    newer = int(res.stdout)
+    _sql(engine, "UPDATE postjob.postjobs SET unique_key = 'nightly' WHERE id = :id", id=newer)
+    with engine.connect() as conn:
+        before = conn.execute(FINGERPRINT).scalar()
+    assert_bad_input(cli("job", "reset", str(old)),
+                     f"job {old} cannot be reset", f"held by unfinished job {newer}")
+    with engine.connect() as conn:
+        assert conn.execute(FINGERPRINT).scalar() == before
+
+
 def _manual_child(cli: Any, engine: Engine) -> tuple[int, int, str]:
     parent = _insert(engine)
     with engine.begin() as conn:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 
 import pytest
 from sqlalchemy import Engine, text
@@ -224,6 +226,23 @@ def test_reset_and_force(client: Client, seeded: Seeded, engine: Engine) -> None
     assert post(client, "/jobs/999999/reset").status_code == 404
 
 
+def test_reset_of_a_job_whose_unique_key_another_holds_is_a_conflict(
+    client: Client, engine: Engine, clean: None
+) -> None:
+    """Issue 24 item 6: 409 naming the holder, not 503 "database error"."""
+    with Session(engine) as s:
+        q = JobQueue(s)
+        old = q.enqueue(noop, 1, unique_key="nightly").id
+        s.execute(text("UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL "
+                       "WHERE id = :id"), {"id": old})
+        newer = q.enqueue(noop, 2, unique_key="nightly").id
+        s.commit()
+    refused = post(client, f"/jobs/{old}/reset")
+    assert refused.status_code == 409, body(refused)
+    assert f"held by unfinished job {newer}" in body(refused)
+    assert status_of(engine, old) == "failed"
+
+
 def test_cancel_a_tree_from_its_root(client: Client, seeded: Seeded, engine: Engine) -> None:
     page = body(client.get(f"/jobs/{seeded.order}"))
     assert f'action="/jobs/{seeded.order}/cancel"' in page  # the order sleeps: it can be cancelled
@@ -329,6 +348,67 @@ def test_with_a_token_actions_need_a_login_or_the_bearer(engine: Engine, seeded:
     assert bearer.status_code == 303
 
 
+def test_a_script_with_the_bearer_alone_may_act(engine: Engine, seeded: Seeded) -> None:
+    """Issue 24 item 11: ``Authorization: Bearer SECRET`` is enough for a script, as
+    docs/dashboard.md says: no CSRF cookie fetched first, no form field."""
+    script = Client(create_app(engine, token=TOKEN))
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    done = script.post(f"/jobs/{seeded.failed}/reset", headers=bearer)
+    assert done.status_code == 303, body(done)
+    assert status_of(engine, seeded.failed) == "ready"
+    resolved = script.post("/resolve", data={"token": seeded.token, "value": '"ann"'}, headers=bearer)
+    assert resolved.status_code == 303, body(resolved)
+    assert status_of(engine, seeded.manual) == "ok"
+    assert script.get_cookie("postjob_csrf") is None  # it never had one
+    # a wrong bearer is refused, and says so
+    wrong = Client(create_app(engine, token=TOKEN)).post(
+        f"/jobs/{seeded.failed}/force", headers={"Authorization": "Bearer not the secret"})
+    assert wrong.status_code == 403 and "bearer token" in body(wrong)
+    # a browser's cross-site request is refused even with the bearer
+    cross = script.post(f"/jobs/{seeded.xss}/reset", headers={**bearer, "Sec-Fetch-Site": "cross-site"})
+    assert cross.status_code == 403
+    assert status_of(engine, seeded.xss) == "failed"
+
+
+def test_a_logged_in_browser_still_needs_the_csrf_value(engine: Engine, seeded: Seeded) -> None:
+    """The session cookie is sent by the browser whoever made the page: CSRF stays required."""
+    client = Client(create_app(engine, token=TOKEN))
+    assert post(client, "/login", {"token": TOKEN}).status_code == 303
+    assert client.post(f"/jobs/{seeded.failed}/reset", data={}).status_code == 403
+    assert status_of(engine, seeded.failed) == "failed"
+    assert post(client, f"/jobs/{seeded.failed}/reset").status_code == 303
+
+
+def test_a_login_session_expires_and_each_login_has_its_own(engine: Engine, seeded: Seeded) -> None:
+    """Issue 24: the session cookie was a fixed HMAC of the token, the same for every login,
+    valid for ever. Now each login gets its own, for 12 hours (the cookie's Max-Age, and the
+    server's check of its signed time)."""
+    app = create_app(engine, token=TOKEN)
+    client = Client(app)
+    response = post(client, "/login", {"token": TOKEN})
+    assert response.status_code == 303
+    [set_cookie] = [h for h in response.headers.getlist("Set-Cookie") if h.startswith("postjob_session=")]
+    assert "Max-Age=43200" in set_cookie and "HttpOnly" in set_cookie and "SameSite=Strict" in set_cookie
+    cookie = client.get_cookie("postjob_session")
+    assert cookie is not None
+    other = Client(app)
+    assert post(other, "/login", {"token": TOKEN}).status_code == 303
+    assert other.get_cookie("postjob_session").value != cookie.value  # type: ignore[union-attr]
+    # tampering with the signed time is refused
+    issued, rest = cookie.value.split(".", 1)
+    forged = Client(app)
+    forged.set_cookie("postjob_session", f"{int(issued) + 3600}.{rest}")
+    assert post(forged, f"/jobs/{seeded.failed}/force").status_code == 403
+    # twelve hours later the server refuses the cookie (whatever a client keeps)
+    assert "Log out" in body(client.get("/"))
+    app.guard = dataclasses.replace(app.guard, clock=lambda: time.time() + 12 * 3600 + 1)
+    refused = post(client, f"/jobs/{seeded.failed}/reset")
+    assert refused.status_code == 403 and "log in" in body(refused)
+    assert status_of(engine, seeded.failed) == "failed"
+    app.guard = dataclasses.replace(app.guard, clock=time.time)
+    assert post(client, f"/jobs/{seeded.failed}/reset").status_code == 303
+
+
 def test_resolve_with_a_value_wakes_the_parent(client: Client, seeded: Seeded, engine: Engine) -> None:
     form = {"token": seeded.token, "value": '"ann"', "outcome": "value", "back": str(seeded.order)}
     response = post(client, "/resolve", form)
@@ -352,6 +432,7 @@ def test_resolve_with_an_error_fails_the_step(client: Client, seeded: Seeded, en
         ({"value": "not json", "outcome": "value"}, "not JSON"),
         ({"value": "", "outcome": "value"}, "give the step"),
         ({"error": "", "outcome": "error"}, "give the error"),
+        ({"error": "not\x00approved", "outcome": "error"}, "NUL"),  # %00 in the form
         ({"token": "", "value": "1"}, "token is missing"),
         ({"token": "not-a-uuid", "value": "1"}, "not a token"),
     ],
@@ -369,6 +450,8 @@ def test_create_app_rejects_bad_settings(engine: Engine) -> None:
         create_app(engine, token="short")
     with pytest.raises(InvalidArgument):
         create_app(engine, refresh=-1)
+    with pytest.raises(InvalidArgument, match="session_max_age"):
+        create_app(engine, token=TOKEN, session_max_age=0)
 
 
 def test_a_mounted_app_builds_links_under_its_path(engine: Engine, seeded: Seeded) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,21 @@ def test_resolve_a_manual_step_and_see_the_parent_wake(page: Any, site: Served, 
     assert '"approved_by": "ann"' in page.locator('[data-fragment="job"]').inner_text()
 
 
+def test_failing_a_manual_step_with_a_nul_is_a_clear_400(
+    page: Any, site: Served, seeded: Seeded, engine: Engine
+) -> None:
+    """Issue 24 item 7: the Fail form's message is checked like any text (it was 503)."""
+    page.goto(site.url + f"/jobs/{seeded.order}")
+    form = page.locator("form.resolve")
+    field = form.get_by_label(f"error message for manual step {seeded.manual}")
+    field.evaluate("(input) => { input.value = 'not\\u0000approved'; }")
+    with page.expect_response(lambda r: r.url.endswith("/resolve")) as answered:
+        form.get_by_role("button", name="Fail").click()
+    assert answered.value.status == 400
+    assert "must not contain NUL characters" in page.locator(".problem").inner_text()
+    assert status_of(engine, seeded.manual) == "ready"
+
+
 def test_reset_a_failed_job(page: Any, site: Served, seeded: Seeded, engine: Engine) -> None:
     page.goto(site.url + f"/jobs/{seeded.failed}")
     assert "could not reach the mail server" in page.inner_text("body")
@@ -155,6 +171,25 @@ def test_reset_a_failed_job(page: Any, site: Served, seeded: Seeded, engine: Eng
     page.wait_for_url("**done=reset")
     assert page.locator('[data-fragment="job"] .badge').first.inner_text() == "ready"
     assert status_of(engine, seeded.failed) == "ready"
+
+
+def test_reset_of_a_job_whose_unique_key_another_holds_says_which(
+    page: Any, site: Served, engine: Engine, clean: None
+) -> None:
+    """Issue 24 item 6: a 409 page naming the holder (it was 503 "database error")."""
+    with Session(engine) as s:
+        q = JobQueue(s)
+        old = q.enqueue(noop, 1, unique_key="nightly").id
+        s.execute(text("UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL "
+                       "WHERE id = :id"), {"id": old})
+        newer = q.enqueue(noop, 2, unique_key="nightly").id
+        s.commit()
+    page.goto(site.url + f"/jobs/{old}")
+    with page.expect_response(lambda r: r.url.endswith(f"/jobs/{old}/reset")) as answered:
+        page.get_by_role("button", name="Reset").click()
+    assert answered.value.status == 409
+    assert f"held by unfinished job {newer}" in page.locator(".problem").inner_text()
+    assert status_of(engine, old) == "failed"
 
 
 def test_cancel_a_sleeping_tree(page: Any, site: Served, seeded: Seeded, engine: Engine) -> None:
@@ -192,6 +227,18 @@ def test_an_action_without_the_token_is_refused(page: Any, locked_site: Served, 
     page.get_by_role("button", name="Reset").click()
     page.wait_for_url("**done=reset")
     assert status_of(engine, seeded.failed) == "ready"
+
+
+def test_a_login_lasts_twelve_hours_in_the_browser(page: Any, locked_site: Served, seeded: Seeded) -> None:
+    """The browser keeps the session cookie for its Max-Age, not for ever (issue 24)."""
+    page.goto(locked_site.url + "/login")
+    page.get_by_label("token").fill(TOKEN)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(locked_site.url + "/")
+    [session] = [c for c in page.context.cookies() if c["name"] == "postjob_session"]
+    assert session["httpOnly"] and session["sameSite"] == "Strict"
+    assert abs(session["expires"] - (time.time() + 12 * 3600)) < 120
+    assert page.get_by_role("button", name="Log out").count() == 1
 
 
 def test_an_xss_payload_renders_inert(page: Any, site: Served, seeded: Seeded) -> None:

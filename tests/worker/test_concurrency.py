@@ -61,6 +61,15 @@ async def fanout(n: int) -> int:
     return sum([await h for h in handles])
 
 
+@postjob_sa.workflow(name="cc.gather", registry=reg)
+async def gathered(n: int) -> dict[str, Any]:
+    handles = [child.spawn(i) for i in range(n)]
+    again = child.spawn(0)  # the same child, found again
+    distinct = {*handles, again}  # handles can be put in sets (and dicts)
+    results = await asyncio.gather(*handles, again)
+    return {"results": results, "distinct": len(distinct), "same": again == handles[0]}
+
+
 @postjob_sa.workflow(name="cc.approval", registry=reg)
 async def approval() -> str:
     step = postjob_sa.manual("approve")
@@ -149,6 +158,26 @@ def test_an_async_fan_out_runs_each_child_once(engine: Engine, clean: None) -> N
             {"i": parent}).one()
     assert (status, results, note) == ("ok", [sum(i * i for i in range(200))], "200 children")
     assert RUNS == Counter(range(200))
+
+
+def test_an_async_workflow_gathers_its_children(engine: Engine, clean: None) -> None:
+    """Issue 24 item 10: ``await asyncio.gather(*handles)`` (gather puts its awaitables in a
+    dict: a handle must be hashable); the parent sleeps on the first pass and gathers the
+    results on the next."""
+    RUNS.clear()
+    with Session(engine) as s:
+        parent = JobQueue(s, registry=reg).enqueue(gathered, 5).id
+        s.commit()
+    for _ in range(5):
+        if not _drain(engine, concurrency=4):
+            break
+    with engine.connect() as conn:
+        status, results, error = conn.execute(text(
+            "SELECT status::text, results, error_message FROM postjob.postjobs WHERE id = :i"),
+            {"i": parent}).one()
+    assert (status, error) == ("ok", None)
+    assert results == [{"results": [0, 1, 4, 9, 16, 0], "distinct": 5, "same": True}]
+    assert RUNS == Counter(range(5))
 
 
 def test_an_async_manual_step(engine: Engine, clean: None) -> None:

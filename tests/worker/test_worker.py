@@ -135,6 +135,62 @@ def test_a_second_signal_stops_at_once_and_releases_the_job(db_url: URL, engine:
         _stop(proc)
 
 
+def _job_row(engine: Engine, job_id: int) -> tuple[str, int]:
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT status::text, failed_attempts FROM postjob.postjobs "
+                                "WHERE id = :i"), {"i": job_id}).one()
+    return str(row[0]), int(row[1])
+
+
+def test_a_second_signal_stops_the_job_threads_of_a_host_that_lives_on(
+    db_url: URL, engine: Engine, marks: None
+) -> None:
+    """Issue 24: with several jobs at once, a second signal handed the jobs back while their
+    threads went on running them; in a process that lives on after work() (a host app, not
+    postjob run) the job's code kept running, and another worker could start it too."""
+    with Session(engine) as s:
+        job_id = JobQueue(s).enqueue("app.busy", 30, "busy").id
+        s.commit()
+    proc = _start_worker(db_url, "--concurrency", "3", "--linger", "1.5")
+    try:
+        _wait_for(lambda: _scalar(engine, "SELECT count(*) FROM app_marks WHERE marker='busy'"))
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert "after work: 0 running, 0 steps" in out, out + err
+        assert _job_row(engine, job_id) == ("ready", 0)  # handed back, no attempt counted
+    finally:
+        _stop(proc)
+
+
+def test_a_job_blocked_in_a_call_runs_no_more_of_its_code_once_the_call_returns(
+    db_url: URL, engine: Engine, marks: None
+) -> None:
+    """A thread blocked in a call (here a 5 s sleep) cannot be interrupted until the call
+    returns: the second signal waits a little for it, hands the job back all the same (as a
+    second signal always did), and when the call returns no more of the job's code runs."""
+    with Session(engine) as s:
+        job_id = JobQueue(s).enqueue("app.sleep", 5, "blocked").id
+        s.commit()
+    proc = _start_worker(db_url, "--concurrency", "3", "--linger", "5")
+    try:
+        _wait_for(lambda: _scalar(engine, "SELECT count(*) FROM app_marks WHERE marker='blocked'"))
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        # the sleep returned during the linger: the rest of the job did not run
+        assert _scalar(engine, "SELECT count(*) FROM app_marks WHERE marker='blocked' "
+                       "AND what = 'end'") == 0
+        assert _job_row(engine, job_id) == ("ready", 0)
+        assert f"job(s) {job_id} still in a call after 2 s: handed back" in err, err
+    finally:
+        _stop(proc)
+
+
 def test_worker_keeps_working_when_its_listen_connection_is_killed(db_url: URL, engine: Engine, marks: None) -> None:
     proc = _start_worker(db_url)
     try:
