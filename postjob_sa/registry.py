@@ -42,11 +42,12 @@ class Workflow(Generic[P, R]):
 
     def __post_init__(self) -> None:
         functools.update_wrapper(self, self.fn)
+        self._is_async = inspect.iscoroutinefunction(self.fn)
 
     @property
     def is_async(self) -> bool:
         """Whether the workflow is an ``async def`` (it runs on the worker's event loop)."""
-        return inspect.iscoroutinefunction(self.fn)
+        return self._is_async
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)

@@ -105,16 +105,26 @@ def outcome_params(outcomes: list[Outcome], *, literals: bool = True) -> dict[st
     return {
         "ok_ids": "{" + ",".join([str(o.job_id) for o in ok]) + "}",
         "ok_tokens": "{" + ",".join([_json_int(o.lease_token) for o in ok]) + "}",
-        "ok_results": "{" + ",".join([_array_text(o.result or "[null]") for o in ok]) + "}",
-        "ok_versions": "{" + ",".join(["NULL" if o.version is None else _array_text(o.version)
-                                       for o in ok]) + "}",
+        "ok_results": "{" + ",".join([_array_text(o.result or _NULL) for o in ok]) + "}",
+        "ok_versions": "{" + ",".join([_array_text(o.version) for o in ok]) + "}",
         "outcomes": "[" + ",".join([o.element() for o in others]) + "]",
     }
 
 
-def _array_text(value: str) -> str:
-    """One element of a PostgreSQL array literal, quoted."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+_NULL = "[null]"
+#: The quoted array elements of the texts most outcomes carry (versions, a None result).
+_QUOTED: dict[str | None, str] = {None: "NULL"}
+
+
+def _array_text(value: str | None) -> str:
+    """One element of a PostgreSQL array literal, quoted (or NULL)."""
+    quoted = _QUOTED.get(value)
+    if quoted is None:
+        assert value is not None
+        quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if len(value) <= 32 and len(_QUOTED) < 1000:  # versions and small results recur
+            _QUOTED[value] = quoted
+    return quoted
 
 
 def error_name(exc: BaseException) -> str:

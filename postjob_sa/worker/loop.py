@@ -299,8 +299,8 @@ class Worker:
             _metrics.lease_lost(job.workflow)
             self.keeper.release([job.id])
             return
-        self.recorder.add(outcome)
-        self.keeper.nudge()
+        if self.recorder.add(outcome):
+            self.keeper.nudge()
         if outcome.interrupt is not None:
             log.warning("%s: interrupted by %s: recording it and handing back the jobs not "
                         "started", outcome.describe(), type(outcome.interrupt).__name__)

@@ -55,11 +55,15 @@ class Recorder:
 
     # -- the buffer ----------------------------------------------------------------------------
 
-    def add(self, outcome: Outcome) -> None:
+    def add(self, outcome: Outcome) -> bool:
+        """Buffer an outcome; True when it is the first one waiting (the keeper's flusher need
+        only hear of that one)."""
         with self._lock:
-            if not self._buffer:
+            first = not self._buffer
+            if first:
                 self._oldest = time.monotonic()
             self._buffer.append(outcome)
+            return first
 
     def take(self) -> list[Outcome]:
         with self._lock:

@@ -37,6 +37,21 @@ class WakeUp(BaseException):
     """Breaks a wait when a stop is requested."""
 
 
+class _Running:
+    """:meth:`Stopper.running`'s context."""
+
+    __slots__ = ("_stopper",)
+
+    def __init__(self, stopper: Stopper) -> None:
+        self._stopper = stopper
+
+    def __enter__(self) -> None:
+        self._stopper._enter_job()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopper._leave_job()
+
+
 class Stopper:
     """What the worker loop knows of stop requests: set by signals or by :meth:`request`.
 
@@ -57,23 +72,26 @@ class Stopper:
         self._lock = threading.Lock()
         self._job_thread: int | None = None
         self._posted = False
+        self._running = _Running(self)
 
-    @contextmanager
-    def running(self) -> Iterator[None]:
+    def running(self) -> _Running:
         """Around running jobs (or waiting for them to end): only a second signal (or
-        :meth:`abort`) stops them."""
+        :meth:`abort`) stops them. (A plain context manager, not a generator: it is entered
+        around every job.)"""
+        return self._running
+
+    def _enter_job(self) -> None:
         with self._lock:
             self.in_job = True
             self._job_thread = threading.get_ident()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.in_job = False
-                if self._posted and self._job_thread is not None:
-                    raise_in(self._job_thread, None)
-                self._posted = False
-                self._job_thread = None
+
+    def _leave_job(self) -> None:
+        with self._lock:
+            self.in_job = False
+            if self._posted and self._job_thread is not None:
+                raise_in(self._job_thread, None)
+            self._posted = False
+            self._job_thread = None
 
     def abort(self, why: str) -> None:
         """Stop at once, from another thread (a second stop request): Abort is raised in the
