@@ -215,6 +215,8 @@ CREATE TRIGGER postjobs_added AFTER INSERT ON postjob.postjobs
 CREATE TRIGGER postjobs_removed AFTER DELETE ON postjob.postjobs
   REFERENCING OLD TABLE AS removed
   FOR EACH STATEMENT EXECUTE FUNCTION postjob._jobs_removed();
+CREATE TRIGGER postjobs_truncated AFTER TRUNCATE ON postjob.postjobs
+  FOR EACH STATEMENT EXECUTE FUNCTION postjob._jobs_truncated();
 -- a limit's places and starts follow its numbers
 CREATE TRIGGER queue_limits_permits AFTER INSERT OR UPDATE ON postjob.queue_limits
   FOR EACH ROW EXECUTE FUNCTION postjob._queue_permits();
