@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import weakref
 
+from postjob_sa import _alembic_quiet  # noqa: F401  (first: Alembic imported quietly)
+
+# isort: split
 from alembic import op
 from alembic.runtime.migration import MigrationContext
 

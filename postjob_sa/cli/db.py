@@ -9,6 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from postjob_sa import _alembic_quiet  # noqa: F401  (first: Alembic imported quietly)
+
+# isort: split
 from alembic.config import Config
 
 from postjob_sa._db import DRIVER_LABELS
