@@ -79,11 +79,17 @@ def test_flask_db_upgrade_installs_our_schema_and_finds_nothing_to_autogenerate(
 
 
 def _post(email: str) -> tuple[int, Any]:
+    """A request to a new app (each makes its engine: disposed after, as at shutdown)."""
     from examples.flask_sqlalchemy_app.app import create_app
+    from examples.flask_sqlalchemy_app.models import db
 
-    client = create_app().test_client()
-    resp = client.post("/signups", json={"email": email})
-    return resp.status_code, resp.get_json()
+    app = create_app()
+    try:
+        resp = app.test_client().post("/signups", json={"email": email})
+        return resp.status_code, resp.get_json()
+    finally:
+        with app.app_context():
+            db.engine.dispose()
 
 
 def test_a_signup_enqueues_in_the_requests_transaction_and_the_worker_has_the_app(
