@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = "examples.flask_sqlalchemy_app.app"
 MIGRATIONS = ROOT / "examples" / "flask_sqlalchemy_app" / "migrations"
 FLASK = str(Path(sys.executable).parent / "flask")
-HEAD = "fsqla0002"
+#: the app's head: our schema to pj0007, the signups, our schema to pj0008 (a later release)
+HEAD = "fsqla0003"
 
 
 @pytest.fixture
@@ -142,9 +143,10 @@ def test_postjob_db_revision_writes_into_flask_migrates_layout(tmp_path: Path) -
         shutil.copytree(MIGRATIONS, target, ignore=shutil.ignore_patterns("__pycache__"))
         for path in (target / "versions").glob("fsqla0001_*.py"):
             path.unlink()
-        (target / "versions" / "fsqla0002_signups.py").unlink()
+        for later in ("fsqla0002_signups.py", "fsqla0003_postjob_schema_pj0008.py"):
+            (target / "versions" / later).unlink()
         res = postjob("db", "revision", how[0], how[1].format(d=target), "--rev-id", "fsqla0001",
-                      url=None)
+                      "--to", "pj0007", url=None)
         assert res.returncode == 0, res.stderr
         [written] = (target / "versions").glob("fsqla0001_*.py")
         [shipped] = (MIGRATIONS / "versions").glob("fsqla0001_*.py")

@@ -270,9 +270,11 @@ def test_reset_gives_a_timed_out_job_a_fresh_deadline(session: Session) -> None:
     q = _q(session, fast_mode=True)
     job = q.enqueue(ok, 1, timeout=60)
     session.commit()
-    # its deadline passes (by the database's clock, whatever the machine's load)
-    session.execute(text("UPDATE postjob.postjobs SET timing_out_at = now() - interval '1 s' "
-                         "WHERE id = :id"), {"id": job.id})
+    # its deadline passes (by the database's clock, whatever the machine's load): the job's
+    # row and its row among the waiting, which the reaper reads
+    for table, key in (("postjobs", "id"), ("waiting", "job_id")):
+        session.execute(text(f"UPDATE postjob.{table} SET timing_out_at = now() - interval '1 s' "
+                             f"WHERE {key} = :id"), {"id": job.id})
     session.commit()
     q.reap()
     session.commit()
