@@ -35,11 +35,18 @@ docs: $(STAMP)
 POSTJOB_TEST_DRIVER ?= psycopg
 OTHER_DRIVER := $(if $(filter psycopg2,$(POSTJOB_TEST_DRIVER)),psycopg,psycopg2)
 
+# pytest-xdist: test modules are shared out to worker processes, each module whole to one
+# (--dist loadfile: its database, cloned from the template, stays its own). Most tests wait on
+# the database or on worker processes, so twice as many processes as cores, at most 8;
+# PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); n=$$((n * 2)); echo $$((n > 8 ? 8 : n)))
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 pytest: $(STAMP)
-	POSTJOB_TEST_DRIVER=$(POSTJOB_TEST_DRIVER) $(BIN)/pytest $(PYTEST_ARGS)
+	POSTJOB_TEST_DRIVER=$(POSTJOB_TEST_DRIVER) $(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 test-other-driver: $(STAMP)
-	POSTJOB_TEST_DRIVER=$(OTHER_DRIVER) $(BIN)/pytest $(PYTEST_ARGS) -m both_drivers
+	POSTJOB_TEST_DRIVER=$(OTHER_DRIVER) $(BIN)/pytest $(XDIST) $(PYTEST_ARGS) -m both_drivers
 
 test: lint typecheck docs pytest test-other-driver
 

@@ -4,40 +4,79 @@ Jobs live in the ``postjob`` schema, installed by a revision of your own Alembic
 (:mod:`postjob_sa.migrations`) or as the Alembic branch ``postjob``; ``JobQueue(session)``
 enqueues and checks out inside the application's own transaction; workflows spawn child
 jobs and wait for them, re-running from the top when a child finishes.
+
+Each public name is imported from its module the first time it is used (``import postjob_sa``
+itself imports nothing heavy): ``postjob --help`` and a worker that never migrates do not pay
+for Alembic, the ORM models or the worker when they do not use them.
 """
 
 from __future__ import annotations
 
-from postjob_sa import (
-    _alembic_quiet,  # noqa: F401  (first: it imports alembic quietly)
-    migrations,
-)
-from postjob_sa._migrations import VERSION_LOCATION, downgrade, include_object, migrate
-from postjob_sa.async_queue import AsyncJobQueue
-from postjob_sa.context import (
-    ChildHandle,
-    RunningJob,
-    current_job,
-    current_session,
-    manual,
-    set_workflow_status,
-    set_workflow_status_async,
-)
-from postjob_sa.errors import (
-    ChildFailed,
-    InvalidArgument,
-    InvalidJobState,
-    JobCancelled,
-    JobNotFound,
-    NonRecoverable,
-    NotInJob,
-    PostjobError,
-    ResultNotJSON,
-    SchemaError,
-)
-from postjob_sa.models import Base, Job, QueueLimit, Schedule, Status, Token, metadata
-from postjob_sa.queue import JobQueue
-from postjob_sa.registry import Registry, Workflow, workflow
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from postjob_sa import migrations
+    from postjob_sa._migrations import VERSION_LOCATION, downgrade, include_object, migrate
+    from postjob_sa.async_queue import AsyncJobQueue
+    from postjob_sa.context import (
+        ChildHandle,
+        RunningJob,
+        current_job,
+        current_session,
+        manual,
+        set_workflow_status,
+        set_workflow_status_async,
+    )
+    from postjob_sa.errors import (
+        ChildFailed,
+        InvalidArgument,
+        InvalidJobState,
+        JobCancelled,
+        JobNotFound,
+        NonRecoverable,
+        NotInJob,
+        PostjobError,
+        ResultNotJSON,
+        SchemaError,
+    )
+    from postjob_sa.models import Base, Job, QueueLimit, Schedule, Status, Token, metadata
+    from postjob_sa.queue import JobQueue
+    from postjob_sa.registry import Registry, Workflow, workflow
+
+#: Where each public name is defined.
+_HOMES = {
+    "VERSION_LOCATION": "_migrations", "downgrade": "_migrations",
+    "include_object": "_migrations", "migrate": "_migrations",
+    "AsyncJobQueue": "async_queue",
+    "ChildHandle": "context", "RunningJob": "context", "current_job": "context",
+    "current_session": "context", "manual": "context", "set_workflow_status": "context",
+    "set_workflow_status_async": "context",
+    "ChildFailed": "errors", "InvalidArgument": "errors", "InvalidJobState": "errors",
+    "JobCancelled": "errors", "JobNotFound": "errors", "NonRecoverable": "errors",
+    "NotInJob": "errors", "PostjobError": "errors", "ResultNotJSON": "errors",
+    "SchemaError": "errors",
+    "Base": "models", "Job": "models", "QueueLimit": "models", "Schedule": "models",
+    "Status": "models", "Token": "models", "metadata": "models",
+    "JobQueue": "queue",
+    "Registry": "registry", "Workflow": "registry", "workflow": "registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "migrations":  # a module: host revisions import it (it imports Alembic)
+        return importlib.import_module("postjob_sa.migrations")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'postjob_sa' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"postjob_sa.{home}"), name)
+    globals()[name] = value  # found once, then a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "VERSION_LOCATION",

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from postjob_sa import _alembic_quiet  # noqa: F401  (first: Alembic imported quietly)
+
+# isort: split
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory

@@ -1,18 +1,20 @@
-"""Applying the package's Alembic revisions, standalone or inside a host project."""
+"""Applying the package's Alembic revisions, standalone or inside a host project.
+
+Alembic is imported by the functions that run it, not by this module: checking a schema's
+revision (every worker start, ``postjob ps``) needs none of it, and importing it costs more
+than the rest of postjob_sa (about a second of ``postjob --help`` on a busy machine).
+"""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from alembic.command import downgrade as _alembic_downgrade
-from alembic.command import upgrade as _alembic_upgrade
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import Script, ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError
 
@@ -20,6 +22,10 @@ from postjob_sa import _sql
 from postjob_sa._db import sqlstate
 from postjob_sa.errors import SchemaError
 from postjob_sa.models import SCHEMA
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import Script
 
 ALEMBIC_DIR = Path(__file__).parent / "alembic"
 VERSIONS_DIR = ALEMBIC_DIR / "versions"
@@ -58,7 +64,15 @@ def read_oldest_served(scalar: Callable[[str], Any]) -> str | None:
     return str(scalar(_sql.SCHEMA_OLDEST_SERVED))
 
 
+def _quiet_alembic() -> None:
+    """Before a function here imports Alembic: the first import is a quiet one."""
+    from postjob_sa import _alembic_quiet  # noqa: F401
+
+
 def _config(connection: Connection) -> Config:
+    _quiet_alembic()
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(ALEMBIC_DIR))
     cfg.set_main_option("path_separator", "os")
@@ -69,6 +83,10 @@ def _config(connection: Connection) -> Config:
 
 @functools.cache
 def _scripts() -> tuple[Script, ...]:
+    _quiet_alembic()
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
     cfg = Config()
     cfg.set_main_option("script_location", str(ALEMBIC_DIR))
     cfg.set_main_option("path_separator", "os")
@@ -82,13 +100,37 @@ def scripts() -> tuple[Script, ...]:
 
 
 def revisions() -> list[str]:
-    """The ids of the package's revisions, oldest first."""
+    """The ids of the package's revisions, oldest first (as :func:`scripts` has them)."""
     return [s.revision for s in _scripts()]
+
+
+_REVISION_LINE = re.compile(r"^(revision|down_revision)\s*(?::[^=]*)?=\s*(.+?)\s*$", re.MULTILINE)
+
+
+@functools.cache
+def revision_ids() -> tuple[str, ...]:
+    """The ids of the package's revisions, oldest first, read from the revision files' own
+    ``revision = ...`` and ``down_revision = ...`` lines: what Alembic's walk of the same files
+    finds (a test holds them equal), without importing Alembic and every revision."""
+    parent: dict[str, str | None] = {}
+    for path in VERSIONS_DIR.glob("*.py"):
+        found = dict(_REVISION_LINE.findall(path.read_text()))
+        if "revision" in found:
+            parent[ast.literal_eval(found["revision"])] = ast.literal_eval(found.get("down_revision", "None"))
+    child = {down: rev for rev, down in parent.items()}
+    chain: list[str] = []
+    rev: str | None = None
+    while rev in child:
+        rev = child[rev]
+        chain.append(rev)
+    if len(chain) != len(parent):
+        raise SchemaError(f"the revisions in {VERSIONS_DIR} are not one line of history")
+    return tuple(chain)
 
 
 def head_revision() -> str:
     """The newest revision of the ``postjob`` branch shipped with this package."""
-    return _scripts()[-1].revision
+    return revision_ids()[-1]
 
 
 @contextlib.contextmanager
@@ -113,6 +155,9 @@ def installed_revision(conn: Connection) -> str | None:
 
 
 def _standalone_heads(conn: Connection) -> tuple[str, ...]:
+    _quiet_alembic()
+    from alembic.runtime.migration import MigrationContext
+
     ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
     return ctx.get_current_heads()
 
@@ -134,6 +179,9 @@ def _own_history(conn: Connection, action: str) -> None:
     if manager == "alembic":
         raise SchemaError(HOST_MANAGED + action)
     if manager is None and _standalone_heads(conn):
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
         ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
         ctx.stamp(ScriptDirectory.from_config(_config(conn)), "base")
 
@@ -156,7 +204,10 @@ def migrate(bind: Bind, revision: str = "heads") -> None:
     with _connection(bind) as conn:
         _own_history(conn, "run your `alembic upgrade head` (`heads` on the branch way) instead")
         _hand_over(conn, bind)
-        _alembic_upgrade(_config(conn), revision)
+        config = _config(conn)
+        from alembic.command import upgrade
+
+        upgrade(config, revision)
 
 
 def downgrade(bind: Bind, revision: str = "base") -> None:
@@ -167,7 +218,10 @@ def downgrade(bind: Bind, revision: str = "base") -> None:
     with _connection(bind) as conn:
         _own_history(conn, "downgrade it with your `alembic downgrade`")
         _hand_over(conn, bind)
-        _alembic_downgrade(_config(conn), revision)
+        config = _config(conn)
+        from alembic.command import downgrade
+
+        downgrade(config, revision)
 
 
 def check_revision(installed: str | None, oldest_served: str | None = None) -> None:

@@ -24,7 +24,10 @@ KEY_HELD_STATE = "PJ002"
 class JobOperations:
     """The operations of a session-bound queue on existing jobs (see the module docstring)."""
 
-    session: Session
+    @property
+    def session(self) -> Session:
+        """The Session the operations run in (JobQueue's)."""
+        raise NotImplementedError
 
     def _require_job(self, job_id: int) -> str:
         status = self.session.execute(_sql.JOB_EXISTS, {"id": job_id}).scalar()

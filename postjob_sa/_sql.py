@@ -58,6 +58,10 @@ JOBS_STATUS_NOW = (
 )
 
 WORKER_LISTEN = "LISTEN postjob_notifications"
+#: The probe for a pooler in transaction mode (worker/pooler.py): a channel nobody notifies.
+POOLER_PROBE_LISTEN = "LISTEN postjob_pooler_probe"
+POOLER_PROBE_LISTENING = "SELECT 'postjob_pooler_probe' = ANY(ARRAY(SELECT pg_listening_channels()))"
+POOLER_PROBE_UNLISTEN = "UNLISTEN postjob_pooler_probe"
 
 #: How a worker's connections show in pg_stat_activity: "postjob worker host:pid".
 WORKER_NAME_SET = "SELECT set_config('application_name', %(name)s::text, false)"

@@ -13,10 +13,11 @@ import asyncio
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import URL, Engine, create_engine
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_scoped_session
 from sqlalchemy.orm import Session
 
 from postjob_sa._db import check_session_driver
@@ -57,12 +58,13 @@ class AsyncJobQueue:
 
     ``worker_engine`` is a sync Engine the worker entry points (``step``, ``drain``,
     ``work``) take their connections from; by default one is made from the session's URL
-    (with psycopg 3).
+    (with psycopg 3). ``session`` may be an ``async_scoped_session``: each call joins the
+    transaction of its current AsyncSession. ``job_context`` is as for ``JobQueue``.
     """
 
     def __init__(
         self,
-        session: AsyncSession,
+        session: AsyncSession | async_scoped_session[Any],
         fast_mode: bool = False,
         *,
         lease: float = DEFAULT_LEASE,
@@ -74,21 +76,39 @@ class AsyncJobQueue:
         pooled: bool = False,
         wakeup_url: str | URL | None = None,
         poll_interval: float = 1.0,
+        job_context: Callable[[], AbstractContextManager[Any]] | None = None,
     ):
-        if not isinstance(session, AsyncSession):
+        self._session: AsyncSession | None = None
+        self._scoped: async_scoped_session[Any] | None = None
+        if isinstance(session, async_scoped_session):
+            self._scoped = session  # resolved at each call: the current AsyncSession
+        elif isinstance(session, AsyncSession):
+            self._session = session
+        else:
             raise InvalidArgument(
-                "AsyncJobQueue needs a SQLAlchemy AsyncSession, e.g. "
+                "AsyncJobQueue needs a SQLAlchemy AsyncSession or async_scoped_session, e.g. "
                 f"AsyncJobQueue(AsyncSession(async_engine)), not {session!r}"
             )
-        self.session = session
         self.worker_engine = worker_engine
-        # validates the options once (a JobQueue on the session's underlying Session)
+        # validates the options once (a JobQueue on the session's underlying Session, or on
+        # a Session of its own until a scoped one is resolved)
         self._options: dict[str, Any] = {
             "fast_mode": fast_mode, "lease": lease, "batch_size": batch_size,
             "registry": registry, "identifier": identifier, "concurrency": concurrency,
             "pooled": pooled, "wakeup_url": wakeup_url, "poll_interval": poll_interval,
+            "job_context": job_context,
         }
-        self._template = self._queue(session.sync_session)
+        self._template = self._queue(self._session.sync_session if self._session else Session())
+
+    @property
+    def session(self) -> AsyncSession:
+        """The AsyncSession the queue's operations join: the one it was given, or the current
+        one of the ``async_scoped_session`` it was given."""
+        if self._scoped is not None:
+            current: AsyncSession = self._scoped()
+            return current
+        assert self._session is not None
+        return self._session
 
     def _queue(self, session: Session) -> JobQueue:
         return _SyncSide(session, **self._options)

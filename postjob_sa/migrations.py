@@ -21,8 +21,12 @@ from __future__ import annotations
 
 import weakref
 
+from postjob_sa import _alembic_quiet  # noqa: F401  (first: Alembic imported quietly)
+
+# isort: split
 from alembic import op
 from alembic.runtime.migration import MigrationContext
+from alembic.util import CommandError
 
 from postjob_sa import _host_history
 from postjob_sa._migrations import (
@@ -99,12 +103,26 @@ def _index(rev: str, what: str) -> int:
 
 def _context(what: str) -> MigrationContext:
     try:
-        return op.get_context()
+        ctx = op.get_context()
     except (NameError, AttributeError):  # no proxy yet / the last one was torn down
         raise PostjobError(
             f"postjob_sa.migrations.{what}() runs inside an Alembic revision of your app; "
             "outside Alembic, use postjob_sa.migrate(engine)"
         ) from None
+    _check_offline_paramstyle(ctx)
+    return ctx
+
+
+def _check_offline_paramstyle(ctx: MigrationContext) -> None:
+    """Offline SQL renders our functions with the dialect's paramstyle: with psycopg's own
+    (pyformat), every % in them comes out as %% and the script installs broken functions. A
+    CommandError: Alembic's and Flask-Migrate's commands print it as one line."""
+    paramstyle = ctx.dialect.paramstyle
+    if ctx.as_sql and paramstyle in ("format", "pyformat"):
+        raise CommandError(
+            f"offline SQL (--sql) with the paramstyle {paramstyle!r} writes every % in "
+            "postjob's functions as %%: pass dialect_opts={\"paramstyle\": \"named\"} to "
+            "context.configure() in run_migrations_offline() of your env.py")
 
 
 def _start(ctx: MigrationContext) -> int:

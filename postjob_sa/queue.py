@@ -8,12 +8,13 @@ touches the session or what the caller has pending in it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import URL, Connection, Engine, select
-from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.orm import Session, make_transient_to_detached, scoped_session
 
 from postjob_sa import _backoff, _metrics, _sql, _validate
 from postjob_sa._db import check_driver, worker_identifier
@@ -63,11 +64,16 @@ class JobQueue(JobOperations):
     server-side prepared statements, no session settings). It then LISTENs on a direct
     connection to ``wakeup_url`` if given, and otherwise looks at the queue every
     ``poll_interval`` seconds (see docs/operations.md).
+
+    ``session`` may be a ``scoped_session`` (Flask-SQLAlchemy's ``db.session``): each call
+    joins the transaction of its current Session. ``job_context`` is entered around every run
+    of a job by this queue's workers (``step``, ``drain``, ``work``), e.g. a Flask app's
+    ``app.app_context``: workflows then use ``db.session``, ``current_app`` and the config.
     """
 
     def __init__(
         self,
-        session: Session,
+        session: Session | scoped_session[Any],
         fast_mode: bool = False,
         *,
         lease: float = DEFAULT_LEASE,
@@ -78,14 +84,27 @@ class JobQueue(JobOperations):
         pooled: bool = False,
         wakeup_url: str | URL | None = None,
         poll_interval: float = 1.0,
+        job_context: Callable[[], AbstractContextManager[Any]] | None = None,
     ):
-        if not isinstance(session, Session):
+        self._session: Session | None = None
+        self._scoped: scoped_session[Any] | None = None
+        if isinstance(session, scoped_session):
+            # resolved at each call: the current session of the request (Flask-SQLAlchemy's
+            # db.session), created outside one only when a statement runs
+            self._scoped = session
+        elif isinstance(session, Session):
+            if session.bind is not None:  # else it is checked where a statement would run
+                self._check_bind(session.bind.engine)
+            self._session = session
+        else:
             raise InvalidArgument(
-                f"JobQueue needs a SQLAlchemy Session, e.g. JobQueue(Session(engine)), not {session!r}"
+                "JobQueue needs a SQLAlchemy Session or scoped_session (Flask-SQLAlchemy's "
+                f"db.session), e.g. JobQueue(Session(engine)), not {session!r}"
             )
-        if session.bind is not None:  # else it is checked where a statement would run
-            self._check_bind(session.bind.engine)
-        self.session = session
+        if job_context is not None and not callable(job_context):
+            raise InvalidArgument("job_context must be a callable that returns a context manager "
+                                  f"(e.g. app.app_context), not {job_context!r}")
+        self.job_context = job_context
         self.fast_mode = bool(fast_mode)
         self.lease = _validate.seconds(lease, "lease") or DEFAULT_LEASE
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
@@ -99,6 +118,16 @@ class JobQueue(JobOperations):
         self.poll_interval = _validate.seconds(poll_interval, "poll_interval") or 1.0
         self.registry = registry or default_registry
         self.identifier = identifier or worker_identifier()
+
+    @property
+    def session(self) -> Session:
+        """The Session the queue's operations join: the one it was given, or the current one
+        of the ``scoped_session`` it was given."""
+        if self._scoped is not None:
+            current: Session = self._scoped()
+            return current
+        assert self._session is not None
+        return self._session
 
     @property
     def engine(self) -> Engine:
@@ -127,7 +156,10 @@ class JobQueue(JobOperations):
                              identifier=self.identifier, pooled=self.pooled,
                              wakeup_url=self.wakeup_url, poll_interval=self.poll_interval,
                              **options)
-        return Worker(engine, self.registry, opts)
+        registry = self.registry
+        if self.job_context is not None:  # every run enters it (see Workflow.job_context)
+            registry = registry.with_job_context(self.job_context)
+        return Worker(engine, registry, opts)
 
     # -- enqueue -----------------------------------------------------------------------------
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import sys
 import warnings
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
@@ -39,6 +41,8 @@ class Workflow(Generic[P, R]):
     schedule: ScheduleSpec | None = None
     #: ``fn(attempt) -> seconds`` to wait after a failed attempt; None: the default
     backoff: Backoff | None = None
+    #: entered around each run by a worker (``JobQueue(..., job_context=app.app_context)``)
+    job_context: Callable[[], AbstractContextManager[Any]] | None = None
 
     def __post_init__(self) -> None:
         functools.update_wrapper(self, self.fn)
@@ -95,6 +99,11 @@ class Registry:
 
     def get(self, name: str) -> Workflow[Any, Any] | None:
         return self.workflows.get(name)
+
+    def with_job_context(self, job_context: Callable[[], AbstractContextManager[Any]]) -> Registry:
+        """These workflows, each run inside ``job_context()`` (a worker's copy)."""
+        return Registry({name: dataclasses.replace(wf, job_context=job_context)
+                         for name, wf in self.workflows.items()})
 
     def pairs(
         self, names: Iterable[str] | None = None, *, transactional: bool | None = None,

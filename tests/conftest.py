@@ -30,6 +30,15 @@ LOCK_KEY = 4242_0001
 DRIVERS = ("psycopg", "psycopg2")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that take longest (worker processes, restarts, installs: tests/reliability
+    and those with a test marked slow) first, in their order, then the rest: pytest-xdist
+    hands whole modules out in this order, so the short ones fill the end of the run."""
+    slow = {item.path for item in items
+            if item.get_closest_marker("slow") or "reliability" in item.path.parts}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the order within stays
+
+
 def driver_under_test() -> str:
     driver = os.environ.get("POSTJOB_TEST_DRIVER") or "psycopg"
     if driver not in DRIVERS:

@@ -10,6 +10,7 @@ two clients happen to swap server connections.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -49,8 +50,25 @@ class PgBouncer:
         self.dir = Path(tempfile.mkdtemp(prefix="pgbouncer-"))
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def _socket_dir(self) -> str | None:
+        """The server's unix socket directory, when the URL names one (``?host=/dir``: the
+        embedded server listens on a socket only)."""
+        host = self.server.query.get("host")
+        if isinstance(host, tuple):
+            host = host[0]
+        return host if host and host.startswith("/") else None
+
+    def _run_as(self) -> str:
+        """The user pgbouncer drops root for: one that may open the server's socket (the
+        embedded server's directory belongs to the user it runs as), else ``postgres``."""
+        socket_dir = self._socket_dir()
+        if socket_dir is not None:
+            return pwd.getpwuid(os.stat(socket_dir).st_uid).pw_name
+        return "postgres"
+
     def _config(self) -> str:
-        host = self.server.host or "127.0.0.1"
+        # a socket directory in the URL's query wins over its host, as libpq has it
+        host = self._socket_dir() or self.server.host or "127.0.0.1"
         port = self.server.port or 5432
         reset = ("server_reset_query = DISCARD ALL\nserver_reset_query_always = 1\n"
                  if self.strict else "")
@@ -77,7 +95,7 @@ class PgBouncer:
         (self.dir / "pgbouncer.ini").write_text(self._config())
         argv = [PGBOUNCER, str(self.dir / "pgbouncer.ini")]
         if os.geteuid() == 0:  # pgbouncer refuses to run as root
-            argv[1:1] = ["-u", "postgres"]
+            argv[1:1] = ["-u", self._run_as()]
         with open(self.dir / "stderr.log", "wb") as stderr:  # the child keeps its own copy
             self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + 10
@@ -96,8 +114,8 @@ class PgBouncer:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def url(self, db_url: URL) -> URL:
-        """``db_url`` through the pooler."""
-        return db_url.set(host="127.0.0.1", port=self.port)
+        """``db_url`` through the pooler (over TCP, whichever way the server is reached)."""
+        return db_url.difference_update_query(["host"]).set(host="127.0.0.1", port=self.port)
 
     def libpq_url(self, database: str) -> str:
         return f"postgresql://{self.server.username}@127.0.0.1:{self.port}/{database}"

@@ -1,12 +1,17 @@
 """The ``postjob`` command line: wiring (this package's command modules) kept apart from
 rendering (``_render``), data access (``_query``, ``_statements``) and error mapping
-(``_errors``). ``main`` is the console script."""
+(``_errors``). ``main`` is the console script.
+
+A command's module is imported when the command runs, not before: ``postjob --help`` lists
+them from :data:`COMMANDS`, and ``postjob ps`` imports neither the worker nor Alembic."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import click
 
@@ -17,7 +22,57 @@ from ._logging import configure_logging
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(context_settings=CONTEXT)
+class Entry(NamedTuple):
+    """Where a command is defined, and its summary for ``postjob --help`` (a test holds it
+    equal to the command's own)."""
+
+    module: str
+    attr: str
+    summary: str
+
+
+COMMANDS = {
+    "db": Entry("db", "db", 'Manage the postjob schema (Alembic branch "postjob").'),
+    "demo": Entry("demo", "demo", "A tour: enqueue a fan-out/fan-in workflow with a manual "
+                  "approval, run it, show it."),
+    "job": Entry("job", "job", "Change jobs."),
+    "ps": Entry("ps", "ps", "List root jobs newest first (with IDs: those jobs' trees)."),
+    "queue": Entry("queue", "queue", "Per-queue limits, obeyed by every worker."),
+    "reap": Entry("run", "reap", "Time out overdue jobs and fail over jobs of dead workers "
+                  "(every checkout does this too; run it from cron when no worker is running)."),
+    "run": Entry("run", "run", "Run a worker: check out jobs of the imported workflows until "
+                 "Ctrl-C/SIGTERM (running jobs finish first; a second signal stops at once and "
+                 "hands them back)."),
+    "schedules": Entry("queue", "schedules", "The periodic workflows the workers registered: "
+                       "schedule, last run and next run."),
+    "web": Entry("web", "web", "Serve the dashboard: queues, jobs, job trees, and the operator's actions."),
+}
+
+
+class LazyGroup(click.Group):
+    """The top-level group: its commands are imported by name, when one runs."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        command = getattr(importlib.import_module(f"{__name__}.{entry.module}"), entry.attr)
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # click's own layout, from the summaries: listing the commands imports none of them
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [(name, click.Command(name, help=COMMANDS[name].summary).get_short_help_str(limit))
+                for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT)
 @click.option(
     "--database-url", metavar="URL",
     help="postgresql://, postgresql+psycopg:// or postgresql+psycopg2:// URL, as the app "
@@ -33,23 +88,6 @@ def cli(ctx: click.Context, database_url: str | None, verbose: int) -> None:
     app.explicit_url = database_url
     app.verbose = verbose
     configure_logging(verbose)
-
-
-def _register() -> None:
-    from . import db, demo, job, ps, queue, run, web
-
-    cli.add_command(db.db)
-    cli.add_command(job.job)
-    cli.add_command(ps.ps)
-    cli.add_command(queue.queue)
-    cli.add_command(queue.schedules)
-    cli.add_command(run.run)
-    cli.add_command(run.reap)
-    cli.add_command(demo.demo)
-    cli.add_command(web.web)
-
-
-_register()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

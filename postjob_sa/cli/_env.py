@@ -6,15 +6,17 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.orm import Session
 
 from postjob_sa._db import check_url
-from postjob_sa._migrations import check_schema
 from postjob_sa.errors import InvalidArgument
+
+if TYPE_CHECKING:  # the ORM and the schema check load with the commands that use them
+    from sqlalchemy.orm import Session
 
 _URL_PASSWORD = re.compile(r"(://[^:/@\s]*):[^@\s]*@")
 CONNECT_TIMEOUT = 5
@@ -94,6 +96,8 @@ class App:
 
     def connect_checked(self) -> Connection:
         """A connection to a database whose postjob schema is current (else SchemaError)."""
+        from postjob_sa._migrations import check_schema
+
         conn = self.engine.connect()
         try:
             check_schema(conn)
@@ -105,6 +109,8 @@ class App:
 
     def session(self) -> Session:
         """A Session on a checked schema (the caller commits)."""
+        from sqlalchemy.orm import Session
+
         with self.connect_checked():
             pass
         return Session(self.engine)

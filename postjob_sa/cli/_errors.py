@@ -12,7 +12,6 @@ import traceback
 from collections.abc import Callable
 
 import click
-from alembic.util.exc import CommandError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from postjob_sa._db import sqlstate
@@ -37,6 +36,12 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _alembic_command_error(exc: BaseException) -> bool:
+    """An Alembic CommandError (Alembic is imported only by the commands that use it)."""
+    module = sys.modules.get("alembic.util.exc")
+    return module is not None and isinstance(exc, module.CommandError)
+
+
 def describe(exc: BaseException, app: App) -> tuple[int, str]:
     """(exit status, message) for an exception that escaped a command."""
     if isinstance(exc, _INPUT_ERRORS):
@@ -46,7 +51,7 @@ def describe(exc: BaseException, app: App) -> tuple[int, str]:
         return EXIT_BAD_INPUT, f"{exc.format_message()} (see {where} --help)"
     if isinstance(exc, click.ClickException):
         return EXIT_BAD_INPUT, exc.format_message()
-    if isinstance(exc, CommandError):
+    if _alembic_command_error(exc):
         return EXIT_BAD_INPUT, f"migration: {exc}"
     if isinstance(exc, OperationalError):
         where = app.display_url() if app._url is not None else "the database"

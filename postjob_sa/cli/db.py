@@ -9,6 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from postjob_sa import _alembic_quiet  # noqa: F401  (first: Alembic imported quietly)
+
+# isort: split
 from alembic.config import Config
 
 from postjob_sa._db import DRIVER_LABELS
@@ -122,18 +126,32 @@ def db_downgrade(app: App, revision: str) -> None:
 
 
 @db.command("revision")
-@click.option("--alembic-ini", default="alembic.ini", show_default=True, metavar="PATH",
-              help="Your app's Alembic configuration.")
+@click.option("--alembic-ini", metavar="PATH",
+              help="Your app's Alembic configuration. [default: alembic.ini, or DIR/alembic.ini "
+              "with --directory]")
+@click.option("-d", "--directory", metavar="DIR",
+              help="Your migrations directory, when the configuration does not name it "
+              "(Flask-Migrate's migrations/: its alembic.ini has no script_location). Default: "
+              "the folder of such an alembic.ini.")
 @click.option("--to", "to", metavar="REV", help="Our revision to upgrade to (default: the newest).")
 @click.option("-m", "--message", help='The revision\'s message (default: "postjob schema REV").')
 @click.option("--rev-id", metavar="ID", help="The new revision's id (default: Alembic makes one).")
-def db_revision(alembic_ini: str, to: str | None, message: str | None, rev_id: str | None) -> None:
+def db_revision(alembic_ini: str | None, directory: str | None, to: str | None,
+                message: str | None, rev_id: str | None) -> None:
     """Write a revision into your app's Alembic history that installs or upgrades the postjob
-    schema (the single-head way: `alembic upgrade head` then applies it). Needs no database."""
-    ini = Path(alembic_ini)
+    schema (the single-head way: `alembic upgrade head`, or `flask db upgrade`, then applies
+    it). Needs no database."""
+    ini = Path(alembic_ini) if alembic_ini else Path(directory or ".") / "alembic.ini"
     if not ini.is_file():
         raise InvalidArgument(f"no Alembic configuration at {ini} (name yours with --alembic-ini)")
     cfg = Config(str(ini), cmd_opts=Namespace(quiet=True))  # we say what we wrote
+    if directory is not None:
+        if not Path(directory).is_dir():
+            raise InvalidArgument(f"no migrations directory at {directory}")
+        cfg.set_main_option("script_location", directory)
+    elif cfg.get_main_option("script_location") is None:
+        # Flask-Migrate sets it in code, to the folder that holds this alembic.ini
+        cfg.set_main_option("script_location", str(ini.resolve().parent))
     written = write_revision(cfg, to=to, message=message, rev_id=rev_id)
     try:
         shown = os.path.relpath(written.path)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
+from difflib import get_close_matches
 from typing import Any
 
 import click
@@ -28,6 +30,21 @@ def import_modules(modules: tuple[str, ...]) -> None:
             importlib.import_module(name)
         except ImportError as exc:
             raise InvalidArgument(f"cannot import workflow module {name!r}: {exc}") from None
+
+
+def _refuse_unknown_options(args: tuple[str, ...]) -> None:
+    """ARGs may start with '-' (JSON numbers: -1), so click lets unknown options through as
+    ARGs: an ARG that looks like an option and is no JSON is named as the unknown option."""
+    ctx = click.get_current_context()
+    for arg in args:
+        if not arg.startswith("-") or arg == "-":
+            continue
+        try:
+            json.loads(arg)
+        except ValueError:
+            known = [o for p in ctx.command.params for o in p.opts if o.startswith("--")]
+            name = arg.partition("=")[0]
+            raise click.NoSuchOption(name, possibilities=get_close_matches(name, known), ctx=ctx) from None
 
 
 @click.group()
@@ -64,6 +81,7 @@ def job_enqueue(
     Without --import, the defaults of the workflow's @postjob_sa.workflow(...) are not
     known: the job gets the options given here, else queue q, 5 attempts and no timeout
     (a note on stderr says which)."""
+    _refuse_unknown_options(args)
     values = [_parse.json_value(a, f"argument {i}") for i, a in enumerate(args, 1)]
     parsed_tags = _parse.tags(tags)
     seconds = _parse.duration(timeout, "timeout") if timeout is not None else None

@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, cast
 
 import click
 
@@ -23,9 +26,27 @@ from .job import import_modules
 log = logging.getLogger("postjob_sa.cli")
 
 
+def load_app_context(spec: str) -> Callable[[], AbstractContextManager[Any]]:
+    """``module:name``: a Flask app, or a factory that makes one; its ``app_context``."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise InvalidArgument(f"--app {spec!r}: give MODULE:APP, e.g. myapp:create_app")
+    import_modules((module_name,))
+    found = getattr(sys.modules[module_name], name, None)
+    if found is None:
+        raise InvalidArgument(f"--app {spec!r}: {module_name} has no {name}")
+    app = found if hasattr(found, "app_context") else found() if callable(found) else found
+    context = getattr(app, "app_context", None)
+    if not callable(context):
+        raise InvalidArgument(f"--app {spec!r} is not a Flask app nor a factory of one "
+                              "(it has no app_context())")
+    return cast("Callable[[], AbstractContextManager[Any]]", context)
+
+
 def _child_argv(app: App, verbose: int, count: int | None, queues: tuple[str, ...],
                 modules: tuple[str, ...], lease: float, batch: int, fast: bool,
-                jobs_per_process: int, pooled: bool, log_format: str) -> list[str]:
+                jobs_per_process: int, pooled: bool, log_format: str,
+                app_spec: str | None) -> list[str]:
     argv = [sys.executable, "-m", "postjob_sa.cli"]
     argv += ["-" + "v" * verbose] if verbose else []
     argv += ["run", "--lease", repr(lease), "--batch", str(batch), "--log-format", log_format]
@@ -36,6 +57,7 @@ def _child_argv(app: App, verbose: int, count: int | None, queues: tuple[str, ..
         argv += ["--queue", q]
     for m in modules:
         argv += ["--import", m]
+    argv += ["--app", app_spec] if app_spec is not None else []
     argv += ["--fast"] if fast else []
     return argv
 
@@ -45,6 +67,10 @@ def _child_argv(app: App, verbose: int, count: int | None, queues: tuple[str, ..
 @click.option("--queue", "queues", multiple=True, metavar="Q", help="Only jobs of this queue (repeatable).")
 @click.option("--import", "modules", multiple=True, metavar="MODULE",
               help="Import a module that defines workflows (repeatable; required).")
+@click.option("--app", "app_spec", metavar="MODULE:APP",
+              help="A Flask app, or a factory that makes one (myapp:create_app): each job runs "
+              "inside its app context (db.session, current_app); the workflows its modules "
+              "import count as imported.")
 @click.option("--lease", default=str(int(DEFAULT_LEASE)), show_default=True, metavar="DURATION",
               help="How long a job is held before a dead worker's job is rescued (the heartbeat renews it).")
 @click.option("--batch", type=int, default=1, show_default=True,
@@ -72,7 +98,7 @@ def _child_argv(app: App, verbose: int, count: int | None, queues: tuple[str, ..
 @click.option("-v", "--verbose", count=True, help="-v: one log line per job; -vv: debug.")
 @click.pass_obj
 def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str, ...],
-        lease: str, batch: int, processes: int | None, old_processes: int | None,
+        app_spec: str | None, lease: str, batch: int, processes: int | None, old_processes: int | None,
         jobs_per_process: int, pooled: bool, wakeup_url: str | None, poll_interval: str,
         metrics_port: int | None, log_format: str, fast: bool, verbose: int) -> None:
     """Run a worker: check out jobs of the imported workflows until Ctrl-C/SIGTERM
@@ -95,6 +121,7 @@ def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str
     if wakeup_url is not None:
         parse_url(wakeup_url)  # a bad URL is refused before anything starts
     import_modules(modules)
+    job_context = load_app_context(app_spec) if app_spec is not None else None
     if not default_registry.workflows:
         raise InvalidArgument(
             "no workflows to run: pass --import MODULE (a module defining @postjob_sa.workflow functions)"
@@ -104,12 +131,12 @@ def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str
             metrics_served(metrics_port, app.engine, concurrency) as metrics_env:
         queue = JobQueue(session, fast_mode=fast, lease=lease_seconds, batch_size=batch,
                          concurrency=jobs_per_process, pooled=pooled, wakeup_url=wakeup_url,
-                         poll_interval=poll_seconds)
+                         poll_interval=poll_seconds, job_context=job_context)
         if concurrency > 1:
             log.info("supervisor pid %d: starting %d workers (%s)", os.getpid(), concurrency,
                      app.display_url())
             argv = _child_argv(app, verbose, count, queues, modules, lease_seconds, batch, fast,
-                               jobs_per_process, pooled, log_format)
+                               jobs_per_process, pooled, log_format, app_spec)
             env = {**os.environ, **metrics_env, "POSTJOB_DATABASE_URL": app.url_with_password()}
             code = Supervisor(argv, env, concurrency,
                               relay=relay_for(app, pooled, wakeup_url, poll_seconds)).run()

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,7 +157,8 @@ def run_job(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
     started = time.monotonic()
     try:
         try:
-            value = wf.fn(ctx.session, *ctx.job.args) if wf.transactional else wf.fn(*ctx.job.args)
+            with wf.job_context() if wf.job_context else nullcontext():  # e.g. a Flask app's
+                value = wf.fn(ctx.session, *ctx.job.args) if wf.transactional else wf.fn(*ctx.job.args)
         except (Abort, LeaseLost, JobCancelled):
             raise
         except BaseException as exc:
@@ -179,7 +181,8 @@ async def run_job_async(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
     try:
         try:
             args = ctx.job.args
-            value = await (wf.fn(ctx.session, *args) if wf.transactional else wf.fn(*args))
+            with wf.job_context() if wf.job_context else nullcontext():
+                value = await (wf.fn(ctx.session, *args) if wf.transactional else wf.fn(*args))
         except (Abort, LeaseLost, JobCancelled):
             raise
         except BaseException as exc:

@@ -25,6 +25,7 @@ from sqlalchemy import Engine
 
 from postjob_sa import _sql
 from postjob_sa._db import Conn, close_quietly
+from postjob_sa._migrations import schema_error
 from postjob_sa.worker.held import HeldJobs
 from postjob_sa.worker.recorder import Recorder
 
@@ -128,7 +129,9 @@ class Keeper:
         try:
             conn.scalar(_sql.WORKER_UNREGISTER, {"worker_id": self.worker_id})
         except Exception as exc:
-            log.warning("could not unregister the worker (its row expires by itself): %s", exc)
+            if schema_error(exc) is None:  # with the schema gone there is no row to remove
+                log.warning("could not unregister the worker (its row expires by itself): %s",
+                            " ".join(str(exc).split()))
         self.worker_id = None
 
     # -- the jobs held (the book is the recorder's: recording a job's outcome releases it) -------

@@ -115,6 +115,10 @@ def _cli_cases() -> list[tuple[list[str], str]]:
         (["job", "enqueue", "wf", *big], "the limit is 1048576"),
         (["job", "enqueue", "wf", "[1, 2"], "argument 1 is not JSON"),
         (["job", "enqueue", "wf", "NaN"], "not JSON"),
+        # an option misspelt: named as the unknown option it is (JSON args may start with -)
+        (["job", "enqueue", "wf", "1", "--priorty", "3"],
+         "No such option '--priorty'. (Did you mean one of: '--import', '--priority'?)"),
+        (["job", "enqueue", "wf", "--queu=q"], "No such option '--queu'"),
         (["job", "enqueue", "wf", "--tags", "a:1,a:2"], "given twice"),
         (["job", "enqueue", "wf", "--timeout=-5"], "more than 0 seconds"),
         (["job", "enqueue", "wf", "--timeout", "0"], "more than 0"),

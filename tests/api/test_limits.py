@@ -42,7 +42,8 @@ def test_concurrency_limit_holds_across_four_worker_processes(
     with Session(engine) as s:
         q = _q(s)
         q.set_queue_limits("limited", concurrency=2)
-        q.enqueue_many(slow, [[0.15]] * 16, queue="limited")
+        # the limited jobs end only once the free queue's have: its workers were not held back
+        q.enqueue_many("fx.after_queue", [["free", 0.15]] * 16, queue="limited")
         q.enqueue_many(slow, [[0.05]] * 16, queue="free")
         s.commit()
     procs = [workers(db_url, "--import", "tests.features_app") for _ in range(4)]

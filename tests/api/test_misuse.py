@@ -118,7 +118,8 @@ def test_a_queue_on_an_engine_asks_for_a_session(engine: Engine) -> None:
     with pytest.raises(InvalidArgument) as caught:
         JobQueue(engine)  # type: ignore[arg-type]
     assert str(caught.value) == (
-        f"JobQueue needs a SQLAlchemy Session, e.g. JobQueue(Session(engine)), not {engine!r}"
+        "JobQueue needs a SQLAlchemy Session or scoped_session (Flask-SQLAlchemy's db.session), "
+        f"e.g. JobQueue(Session(engine)), not {engine!r}"
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ from sqlalchemy import URL, Engine, text
 
 from tests.cli.test_cli_db import POSTJOB, assert_bad_input, postjob
 from tests.conftest import url_string
+from tests.reliability.conftest import wait_for
 
 pytestmark = pytest.mark.both_drivers
 
@@ -130,7 +130,14 @@ def test_ps_bad_input(cli: Any, args: list[str], needle: str) -> None:
     assert_bad_input(cli(*args), needle)
 
 
-def test_ps_top_refreshes_and_stops_without_a_terminal(db_url: URL, tree: dict[str, int]) -> None:
+#: When the idle connection of a `postjob ps top` last ran a statement (None: not connected).
+TOP_LAST_QUERY = text("SELECT max(query_start) FROM pg_stat_activity WHERE datname = "
+                      "current_database() AND application_name = 'postjob' AND state = 'idle'")
+
+
+def test_ps_top_refreshes_and_stops_without_a_terminal(
+    db_url: URL, engine: Engine, tree: dict[str, int]
+) -> None:
     url = url_string(db_url)
     res = postjob("ps", "top", "--iterations", "2", "--interval", "0.2", url=url)
     assert res.returncode == 0, res.stderr
@@ -138,9 +145,26 @@ def test_ps_top_refreshes_and_stops_without_a_terminal(db_url: URL, tree: dict[s
     # stdin is not a terminal (and at EOF): it keeps refreshing until Ctrl-C, without spinning
     proc = subprocess.Popen([POSTJOB, "--database-url", url, "ps", "top", "--interval", "0.2"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(1.5)
-    assert proc.poll() is None
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=5)
+    try:
+        # Ctrl-C once it refreshes (not before: during its imports, Ctrl-C is an interruption):
+        # its connection has run a statement, then another one later
+        with engine.connect() as conn:
+            seen: list[object] = []
+
+            def refreshed() -> bool:
+                assert proc.poll() is None, proc.communicate()
+                last = conn.execute(TOP_LAST_QUERY).scalar()
+                conn.rollback()  # a fresh snapshot of pg_stat_activity each time
+                if last is not None and last not in seen:
+                    seen.append(last)
+                return len(seen) >= 2
+
+            wait_for(refreshed, 60, "two refreshes of ps top", interval=0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 0, err
     assert b"postjob top" in out

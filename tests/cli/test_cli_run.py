@@ -12,12 +12,15 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy import URL, Engine, text
+from sqlalchemy import URL, Engine, create_engine, text
 from sqlalchemy.orm import Session
 
+import postjob_sa
 from postjob_sa import JobQueue
+from postjob_sa._migrations import MIGRATE_HINT
 from tests.cli.test_cli_db import POSTJOB, assert_bad_input, postjob
-from tests.conftest import url_string
+from tests.conftest import create_clone, drop_database, url_string
+from tests.reliability.conftest import scalar, wait_for
 
 pytestmark = pytest.mark.both_drivers
 
@@ -192,3 +195,33 @@ def test_run_stops_on_ctrl_c_or_sigterm_with_status_0(
             proc.wait()
         pump.join(timeout=5)
         proc.stderr.close()
+
+
+def test_a_worker_whose_schema_is_downgraded_away_stops_in_one_line(
+    server_url: URL, template_db: str
+) -> None:
+    """A downgrade while a worker runs: it stops at its next statement, exit 2, one line
+    that says what happened and what to run (not "internal error" and a traceback)."""
+    url = create_clone(server_url, template_db, "schema_gone")
+    engine = create_engine(url)
+    proc = subprocess.Popen([POSTJOB, "--database-url", url_string(url), "run", "--import",
+                             "postjob_sa.demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.workers"), 60,
+                 "the worker registered")
+        postjob_sa.downgrade(engine)
+        with engine.connect() as conn:  # wake it: its next statement meets no schema
+            conn.execute(text("NOTIFY postjob_notifications"))
+            conn.commit()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        engine.dispose()
+        drop_database(server_url, url)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 2, err.decode()
+    assert "Traceback" not in err.decode()
+    assert lines[-1] == ("postjob: the postjob schema is gone from this database while the "
+                         "worker ran (downgraded or dropped?): " + MIGRATE_HINT)

@@ -201,3 +201,10 @@ def test_migrate_runs_a_revision_with_an_autocommit_block(
     assert _installed(empty) == "pj9001"
     postjob_sa.downgrade(empty, previous)
     assert _installed(empty) == previous
+
+
+def test_the_revision_ids_read_from_the_files_are_alembics_walk() -> None:
+    """The schema check reads the revision ids without Alembic (it would cost every worker
+    start and `postjob ps` about a second): they must be what Alembic finds."""
+    assert _migrations.revision_ids() == tuple(s.revision for s in _migrations.scripts())
+    assert _migrations.head_revision() == _migrations.scripts()[-1].revision

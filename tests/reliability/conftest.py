@@ -106,8 +106,10 @@ def scalar(engine: Engine, sql: str, **params: Any) -> Any:
         return conn.execute(text(sql), params).scalar()
 
 
-def wait_listening(engine: Engine, n: int, procs: list[WorkerProcess], timeout: float = 20) -> None:
-    """Wait until n workers are idle on LISTEN (started, schema checked, waiting for work)."""
+def wait_listening(engine: Engine, n: int, procs: list[WorkerProcess], timeout: float = 60) -> None:
+    """Wait until n workers are idle on LISTEN (started, schema checked, waiting for work):
+    eight processes starting on a loaded 2-core machine (make test runs modules side by side)
+    can take more than 20 s."""
     def ready() -> bool:
         for p in procs:
             assert p.alive(), f"worker {p.pid} exited early:\n{p.log()}"

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from alembic import command, op
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Engine, delete, select, text, update
 from sqlalchemy.orm import Session
 
@@ -169,6 +170,22 @@ def test_offline_sql_builds_the_same_database(
     _run_script(shop_db, script)
     assert heads(shop_db) == (BEFORE_ADOPTION,)
     assert installed(shop_db) is None
+
+
+def test_offline_sql_without_the_named_paramstyle_is_refused_naming_the_setting(
+    shop: Shop, shop_db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Flask-Migrate's env.py (and many others) configure offline mode without the paramstyle:
+    every % in our functions would come out as %% in the script, silently."""
+    env = shop.dir / "migrations" / "env.py"
+    shop.edit(env, '        dialect_opts={"paramstyle": "named"},\n', "")
+    with pytest.raises(CommandError) as refused:
+        command.upgrade(shop.cfg(), "head", sql=True)
+    assert str(refused.value) == (
+        "offline SQL (--sql) with the paramstyle 'pyformat' writes every % in postjob's "
+        "functions as %%: pass dialect_opts={\"paramstyle\": \"named\"} to "
+        "context.configure() in run_migrations_offline() of your env.py")
+    assert "%%" not in capsys.readouterr().out
 
 
 def _run_script(engine: Engine, script: str) -> None:

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 import postjob_sa
 from postjob_sa import JobQueue, Registry
+from postjob_sa.worker.loop import Worker
 from tests.conftest import dbapi_connect, libpq_url
 
 pytestmark = pytest.mark.both_drivers
@@ -63,7 +64,7 @@ class Rescuer:
 
     def _run(self) -> None:
         with Session(self.engine) as s:
-            q = JobQueue(s, fast_mode=True, registry=reg, lease=1.0)
+            q = JobQueue(s, fast_mode=True, registry=reg, lease=LEASE)
             while not self.stop.is_set():
                 q.drain()
                 time.sleep(0.1)
@@ -77,21 +78,46 @@ class Rescuer:
         self.thread.join(30)
 
 
+#: The workers' lease. The heartbeat beats at a third of it: 2 s leaves a loaded 2-core machine
+#: (make test runs modules side by side) time to schedule the heartbeat's thread; at 1 s a
+#: starved beat got a worker presumed dead and its job rescued.
+LEASE = 2.0
+#: Workers of the running test, stopped when it ends (one whose job was rescued never reaches
+#: its count, and would work on in the next test's database).
+_workers: list[tuple[Worker, threading.Thread]] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_workers() -> Iterator[None]:
+    yield
+    while _workers:
+        worker, thread = _workers.pop()
+        worker.stopper.request("the test is over")
+        thread.join(30)
+
+
 def _work(engine: Engine, count: int, batch: int) -> threading.Thread:
+    session = Session(engine)
+    worker = JobQueue(session, fast_mode=True, registry=reg, lease=LEASE,
+                      batch_size=batch)._worker(count=count, batch=batch)
+
     def run() -> None:
-        with Session(engine) as s:
-            JobQueue(s, fast_mode=True, registry=reg, lease=1.0, batch_size=batch).work(count=count)
+        try:
+            worker.run()
+        finally:
+            session.close()
 
     t = threading.Thread(target=run)
+    _workers.append((worker, t))
     t.start()
     return t
 
 
 def test_the_heartbeat_keeps_a_job_longer_than_its_lease(runs: Engine) -> None:
-    """Without the heartbeat the job's lease (1 s) ends while it runs (3 s): the rescuer takes
+    """Without the heartbeat the job's lease (2 s) ends while it runs (6 s): the rescuer takes
     it and it runs twice."""
     with Session(runs) as s:
-        job_id = JobQueue(s, registry=reg).enqueue(slow, 3.0).id
+        job_id = JobQueue(s, registry=reg).enqueue(slow, 3 * LEASE).id
         s.commit()
     worker = _work(runs, 1, 1)
     with Rescuer(runs):
@@ -103,14 +129,14 @@ def test_the_heartbeat_keeps_a_job_longer_than_its_lease(runs: Engine) -> None:
 
 
 def test_a_row_locked_by_the_app_stalls_neither_the_heartbeat_nor_the_batch(runs: Engine) -> None:
-    """Two jobs of 2 s in one batch of one worker, a lease of 1 s, and an application
+    """Two jobs of 4 s in one batch of one worker, a lease of 2 s, and an application
     transaction that holds the first job's row locked for the whole time: each job still runs
     exactly once (a heartbeat that waited for that lock would let the second job's lease end,
     and the rescuer would run it too)."""
     with Session(runs) as s:
         q = JobQueue(s, registry=reg)
-        first = q.enqueue(slow, 2.0).id
-        second = q.enqueue(slow, 2.0).id
+        first = q.enqueue(slow, 2 * LEASE).id
+        second = q.enqueue(slow, 2 * LEASE).id
         s.commit()
     worker = _work(runs, 2, 2)
     deadline = time.monotonic() + 10
@@ -122,7 +148,7 @@ def test_a_row_locked_by_the_app_stalls_neither_the_heartbeat_nor_the_batch(runs
     with runs.connect() as app, Rescuer(runs):
         app.begin()
         app.execute(text("SELECT 1 FROM postjob.postjobs WHERE id = :i FOR UPDATE"), {"i": first})
-        time.sleep(3.5)  # the first job ends meanwhile; the second runs on
+        time.sleep(3.5 * LEASE)  # the first job ends meanwhile; the second runs on
         app.rollback()
         worker.join(30)
     assert _starts(runs) == {first: 1, second: 1}

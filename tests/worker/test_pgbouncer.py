@@ -14,8 +14,12 @@ from sqlalchemy import URL, Engine, create_engine, text
 from sqlalchemy.orm import Session
 
 import postjob_sa
-from postjob_sa import JobQueue, _metrics
+from postjob_sa import InvalidArgument, JobQueue, _metrics
+from postjob_sa._db import Conn
 from postjob_sa.registry import Registry
+from postjob_sa.worker.pooler import POOLED_HINT, transaction_pooling
+from tests.cli.test_cli_db import postjob
+from tests.conftest import url_string
 from tests.pgbouncer import (
     PgBouncer,
     bouncer_fixture,  # noqa: F401 (the fixture "bouncer")
@@ -192,3 +196,37 @@ def _scalar(engine: Engine, sql: str) -> Any:
 def _wait_done(engine: Engine, n: int) -> None:
     wait_for(lambda: _scalar(engine, "SELECT count(*) FROM postjob.postjobs "
                                      "WHERE status = 'ok'") == n, 15, f"{n} jobs ok")
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["discard-all", "no-reset"])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_worker_not_told_it_is_pooled_finds_the_pooler_at_start_and_refuses(
+    server_url: URL, db_url: URL, engine: Engine, clean: None, driver: str, strict: bool
+) -> None:
+    """A long-running worker probes its connection: through a pooler in transaction mode its
+    LISTEN is forgotten (strict) or handed to the next client (no reset); it refuses to start
+    with one line that names --pooled, instead of losing its wake-ups."""
+    with PgBouncer(server_url, pool_size=2, strict=strict) as pooler:
+        worker_engine = create_engine(pooler.url(db_url).set(drivername=driver))
+        try:
+            with Session(worker_engine) as s, pytest.raises(InvalidArgument) as refused:
+                JobQueue(s, fast_mode=True, registry=registry).work(count=1)
+        finally:
+            worker_engine.dispose()
+    seen = ("its LISTEN was gone one transaction later" if strict
+            else "a second connection was handed the same server session")
+    assert str(refused.value) == POOLED_HINT.format(seen)
+    # a direct connection keeps its session: the same probe finds nothing
+    with engine.connect() as conn:
+        direct = Conn.borrow(conn.connection.dbapi_connection, driver.partition("+")[2])
+        conn.connection.dbapi_connection.autocommit = True
+        assert transaction_pooling(direct, engine.execution_options()) is None
+
+
+def test_postjob_run_through_the_pooler_without_pooled_exits_2_naming_the_flag(
+    pooled_url: URL
+) -> None:
+    res = postjob("run", "--import", "postjob_sa.demo", url=url_string(pooled_url))
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "postjob: " + POOLED_HINT.format(
+        "its LISTEN was gone one transaction later")

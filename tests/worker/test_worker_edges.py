@@ -92,7 +92,9 @@ def test_an_idle_worker_does_not_spin_on_a_due_job_another_transaction_holds(
     time.sleep(1.2)  # the worker's connections have closed: their statistics are in
     spent = _transactions(engine) - before
     print(f"idle worker beside a locked due job: {spent} transactions in {elapsed:.1f} s")
-    assert spent < 40, spent  # a few per second, not thousands
+    # a few per second, not thousands (and the start's own: registration, the schema check,
+    # the pooler probe's five statements)
+    assert spent < 50, spent
 
 
 def test_a_quick_jobs_outcome_does_not_wait_for_a_slow_one_in_the_same_batch(
