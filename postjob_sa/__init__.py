@@ -23,8 +23,19 @@ from postjob_sa.context import (
     set_workflow_status,
     set_workflow_status_async,
 )
+from postjob_sa.durable import (
+    sleep,
+    sleep_async,
+    sleep_until,
+    sleep_until_async,
+    step,
+    step_async,
+    wait_for_event,
+    wait_for_event_async,
+)
 from postjob_sa.errors import (
     ChildFailed,
+    EventTimeout,
     InvalidArgument,
     InvalidJobState,
     JobCancelled,
@@ -45,6 +56,7 @@ __all__ = [
     "Base",
     "ChildFailed",
     "ChildHandle",
+    "EventTimeout",
     "InvalidArgument",
     "InvalidJobState",
     "Job",
@@ -73,5 +85,13 @@ __all__ = [
     "migrations",
     "set_workflow_status",
     "set_workflow_status_async",
+    "sleep",
+    "sleep_async",
+    "sleep_until",
+    "sleep_until_async",
+    "step",
+    "step_async",
+    "wait_for_event",
+    "wait_for_event_async",
     "workflow",
 ]

@@ -71,6 +71,10 @@ BEGIN
   )
   SELECT array_agg(job_id ORDER BY job_id) INTO v_ids FROM rows;
   IF v_ids IS NOT NULL THEN
+    -- what failed is tried again: the errors its steps stored and the timeouts of its waits
+    -- go (what they achieved stays), and its waits start afresh
+    DELETE FROM postjob.steps WHERE job_id = ANY (v_ids) AND error IS NOT NULL;
+    DELETE FROM postjob.event_waits WHERE job_id = ANY (v_ids);
     PERFORM pg_notify('postjob_notifications', '');
   END IF;
   RETURN COALESCE(v_ids, '{}');
