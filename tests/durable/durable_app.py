@@ -130,8 +130,9 @@ def tx_step(session: Session, fail_first: bool) -> int:
 
 
 @postjob_sa.workflow(name="dur.nap")
-def nap(seconds: float) -> str:
+def nap(seconds: float, pause: float = 0) -> str:
     postjob_sa.step("before", _charge, 1)
+    time.sleep(pause)
     postjob_sa.sleep(seconds)
     record("after")
     return "woke"
@@ -192,3 +193,18 @@ def wait_then_nap(key: str, timeout: float, seconds: float) -> Any:
         got = "timed out"
     postjob_sa.sleep(seconds)
     return got
+
+
+@postjob_sa.workflow(name="dur.killed_step")
+def killed_step(seconds: float) -> str:
+    """A stored step, then a step whose first attempt blocks (its worker is killed there)."""
+
+    def slow() -> str:
+        record("step started")
+        if postjob_sa.current_job().attempt == 1:
+            time.sleep(seconds)
+        record("step ended")
+        return "slow"
+
+    first = postjob_sa.step("first", _charge, 1)
+    return f"{first} {postjob_sa.step('slow', slow)}"
