@@ -115,6 +115,11 @@ EVENT_WAIT = (
 #: Record an event in the caller's transaction and wake its waiters; the event's id.
 EVENT_EMIT = text("SELECT postjob.emit_event_v1(CAST(:key AS varchar), CAST(:payload AS jsonb))")
 
+#: Delete the events emitted more than ``seconds`` ago (``postjob event prune``).
+EVENTS_PRUNE = text(
+    "DELETE FROM postjob.events WHERE created_at < now() - CAST(:seconds AS float8) * interval '1 second'"
+)
+
 #: The trace context a job was enqueued with (read when a tracer provider is set).
 JOB_TRACE_CONTEXT = (
     "SELECT trace_context FROM postjob.postjobs WHERE id = %(job_id)s::bigint"

@@ -36,10 +36,11 @@ def cli(ctx: click.Context, database_url: str | None, verbose: int) -> None:
 
 
 def _register() -> None:
-    from . import db, demo, job, ps, queue, run, web
+    from . import db, demo, event, job, ps, queue, run, web
 
     cli.add_command(db.db)
     cli.add_command(job.job)
+    cli.add_command(event.event)
     cli.add_command(ps.ps)
     cli.add_command(queue.queue)
     cli.add_command(queue.schedules)
