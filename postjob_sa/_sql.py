@@ -117,7 +117,9 @@ EVENT_EMIT = text("SELECT postjob.emit_event_v1(CAST(:key AS varchar), CAST(:pay
 
 #: Delete the events emitted more than ``seconds`` ago (``postjob event prune``).
 EVENTS_PRUNE = text(
-    "DELETE FROM postjob.events WHERE created_at < now() - CAST(:seconds AS float8) * interval '1 second'"
+    "WITH gone AS (DELETE FROM postjob.events "
+    "WHERE created_at < now() - CAST(:seconds AS float8) * interval '1 second' RETURNING 1) "
+    "SELECT count(*) FROM gone"
 )
 
 #: The trace context a job was enqueued with (read when a tracer provider is set).
