@@ -162,9 +162,13 @@ BEGIN
 END;
 $$;
 
--- Run a ready, err or sleeping job as soon as possible.
+-- Run a ready, err or sleeping job as soon as possible (a durable sleep of it ends now).
 CREATE OR REPLACE FUNCTION postjob.force_job(p_id bigint) RETURNS boolean
 LANGUAGE sql AS $$
+  UPDATE postjob.steps SET wake_at = statement_timestamp()
+  WHERE job_id = p_id AND kind = 'sleep' AND wake_at > statement_timestamp()
+    AND EXISTS (SELECT 1 FROM postjob.postjobs
+                WHERE id = p_id AND status IN ('ready', 'err', 'sleep'));
   SELECT cardinality(postjob._make_ready(ARRAY[p_id],
                                          ARRAY['ready', 'err', 'sleep']::postjob.statuses[])) > 0
 $$;

@@ -68,15 +68,26 @@ def test_a_sleeping_job_holds_nothing_and_wakes_on_time(side: Engine) -> None:
 def test_a_rerun_before_the_time_sleeps_on_for_what_is_left(side: Engine) -> None:
     job_id = _enqueue(side, durable_app.nap, 1.0)
     _drain(side)
-    wake_at = steps(side, job_id)[0]["wake_at"]
+    wake_at = [s["wake_at"] for s in steps(side, job_id) if s["kind"] == "sleep"]
     with Session(side) as s:
-        JobQueue(s).force(job_id)  # runs now: the sleep is not over
+        JobQueue(s).reset(job_id)  # runs now: the sleep is not over
         s.commit()
     _drain(side)
     assert job(side, job_id)["status"] == "sleep"
-    assert [s["wake_at"] for s in steps(side, job_id) if s["kind"] == "sleep"] == [wake_at]
-    assert job(side, job_id)["next_run_at"] >= wake_at
+    assert [s["wake_at"] for s in steps(side, job_id) if s["kind"] == "sleep"] == wake_at
+    assert job(side, job_id)["next_run_at"] >= wake_at[0]
+    assert records(side, "charge", job_id) == 1
     wait_until(lambda: (_drain(side), job(side, job_id)["status"] == "ok")[1], 10, "woken")
+
+
+def test_force_ends_a_durable_sleep(side: Engine) -> None:
+    job_id = _enqueue(side, durable_app.nap, 3600)
+    _drain(side)
+    with Session(side) as s:
+        JobQueue(s).force(job_id)
+        s.commit()
+    _drain(side)
+    assert job(side, job_id)["results"] == ["woke"]
 
 
 def test_sleep_until_and_async_and_transactional_sleeps(side: Engine) -> None:
