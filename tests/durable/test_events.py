@@ -195,3 +195,29 @@ def test_bad_keys_and_payloads_are_refused(side: Engine) -> None:
         with pytest.raises(InvalidArgument):
             q.emit_event("k", {1, 2})
     assert _events(side) == 0
+
+
+def test_async_job_queue_emits_in_the_callers_transaction(side: Engine) -> None:
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    from postjob_sa import AsyncJobQueue
+
+    job_id = _enqueue(side, durable_app.waiter, "async-key")
+    _drain(side)
+
+    async def emit() -> None:
+        engine = create_async_engine(side.url.set(drivername="postgresql+psycopg"))
+        try:
+            async with AsyncSession(engine) as s:
+                await AsyncJobQueue(s).emit_event("async-key", "rolled back")
+                await s.rollback()
+                await AsyncJobQueue(s).emit_event("async-key", "committed")
+                await s.commit()
+        finally:
+            await engine.dispose()
+
+    asyncio.run(emit())
+    _drain(side)
+    assert job(side, job_id)["results"] == ["committed"]
