@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/durable.py [--dsn-base postgresql://root@127.0.0.1:5432]
         [--steps 2000] [--repeat 5] [--sleeping 100000] [--waiting 100000] [--calls 300]
+        [--only steps|sleepers] [--database pjbench_durable] [--async-commit]
 
 1. A step. One run of a workflow that calls ``--steps`` steps of a trivial function, against
    the same run calling the function as often without steps: microseconds per recorded step,
@@ -15,7 +16,7 @@
    until tomorrow and ``--waiting`` jobs waiting for an event, all made by running their
    workflows for real, of workflows the same worker serves.
 
-A scratch database ``pjbench_durable`` is made (and left) on the server.
+A scratch database (``--database``, default ``pjbench_durable``) is made anew, and left.
 """
 
 from __future__ import annotations
@@ -236,14 +237,23 @@ def main() -> int:
     parser.add_argument("--sleeping", type=int, default=100_000)
     parser.add_argument("--waiting", type=int, default=100_000)
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--only", choices=("steps", "sleepers"), help="run one part only")
+    parser.add_argument("--database", default="pjbench_durable", help="the scratch database")
+    parser.add_argument("--async-commit", action="store_true",
+                        help="synchronous_commit off in the scratch database: what a recorded "
+                             "step costs without waiting for its WAL flush")
     opts = parser.parse_args()
     logging.getLogger("postjob_sa").setLevel(logging.ERROR)
-    url = pg.fresh_database(opts.dsn_base, "pjbench_durable")
+    url = pg.fresh_database(opts.dsn_base, opts.database)
+    if opts.async_commit:
+        pg.execute(url, f'ALTER DATABASE "{opts.database}" SET synchronous_commit = off')
     engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
     postjob_sa.migrate(engine)
     _count_statements()
-    bench_steps(engine, opts.steps, opts.repeat)
-    bench_sleepers(engine, opts.sleeping, opts.waiting, opts.calls)
+    if opts.only != "sleepers":
+        bench_steps(engine, opts.steps, opts.repeat)
+    if opts.only != "steps":
+        bench_sleepers(engine, opts.sleeping, opts.waiting, opts.calls)
     engine.dispose()
     return 0
 
