@@ -83,7 +83,7 @@ def main() -> int:
 
     import postjob_sa
     from postjob_sa import _sql
-    from postjob_sa.worker.executor import finish_params
+    from postjob_sa.worker.executor import outcome_params
 
     url = pg.fresh_database(opts.dsn_base, DB)
     postjob_sa.migrate(url.replace("postgresql://", "postgresql+psycopg2://", 1))
@@ -111,12 +111,13 @@ def main() -> int:
                 "INSERT INTO postjob.postjobs (workflow, priority, next_run_at) "
                 "SELECT 'noop', 100, now() + interval '1 day' FROM generate_series(1, 10000)")
         cur.execute("VACUUM ANALYZE postjob.postjobs")
+        cur.execute("VACUUM ANALYZE postjob.waiting")
 
     def checkout(limit: int) -> None:
-        params = finish_params([], False)
-        params.update(worker_id=None, identifier="bench", workflows=["noop"],
-                      workflow_versions=[""], queues=None, limit=limit, lease=60.0, reap=False)
-        cur.execute(_sql.WORKER_CYCLE, params)
+        cur.execute(_sql.WORKER_CYCLE, {
+            **outcome_params([]), "worker_id": None, "identifier": "bench", "done": "{}",
+            "workflows": ["noop"], "versions": [""], "queues": None, "limit": limit,
+            "lease": 60.0, "reap": False, "promote": False})
         cur.fetchall()
 
     results: dict[str, float] = {}
@@ -148,6 +149,7 @@ def main() -> int:
             f"SELECT 'noop', 'free', jsonb_build_array(g), {due} FROM generate_series(1, %s) g",
             (opts.jobs,))
         cur.execute("VACUUM ANALYZE postjob.postjobs")
+        cur.execute("VACUUM ANALYZE postjob.waiting")
         start = ctx.Event()
         procs = [ctx.Process(target=_drain, args=(url, start)) for _ in range(opts.workers)]
         for p in procs:

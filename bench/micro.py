@@ -6,7 +6,7 @@ Each figure is the median of many single calls on one autocommit connection (so 
 the round trip and the commit), on a database of its own (pjbench_micro, recreated):
 
 * checkout of 1 job through the worker's prepared statement, and of 100;
-* recording 100 outcomes (finish_jobs, through the worker's prepared cycle);
+* recording 100 outcomes (finish_jobs_v3, through the worker's cycle);
 * the enqueue API, one job per transaction through a Session, and enqueue_many of 1,000;
 * for scale: a prepared single-row UPDATE ... SKIP LOCKED on the same table and SELECT 1.
 """
@@ -48,7 +48,7 @@ def main() -> int:
 
     import postjob_sa
     from postjob_sa import _sql
-    from postjob_sa.worker.executor import Outcome, finish_params
+    from postjob_sa.worker.executor import Outcome, outcome_params
 
     url = pg.fresh_database(opts.dsn_base, DB)
     postjob_sa.migrate(url.replace("postgresql://", "postgresql+psycopg2://", 1))
@@ -65,11 +65,11 @@ def main() -> int:
         )
         cur.execute("VACUUM ANALYZE postjob.postjobs")
 
+    base = {"worker_id": None, "identifier": "bench", "done": "{}", "workflows": ["noop"],
+            "versions": [""], "queues": None, "lease": 60.0, "reap": False, "promote": False}
+
     def checkout(limit: int) -> list[tuple[object, ...]]:
-        params = finish_params([], False)
-        params.update(worker_id=None, identifier="bench", workflows=["noop"],
-                      workflow_versions=[""], queues=None, limit=limit, lease=60.0, reap=False)
-        cur.execute(_sql.WORKER_CYCLE, params)
+        cur.execute(_sql.WORKER_CYCLE, {**base, **outcome_params([]), "limit": limit})
         return [r for r in cur.fetchall() if r[0] == "job"]
 
     results: dict[str, float] = {}
@@ -84,21 +84,25 @@ def main() -> int:
 
     def finish() -> None:
         rows = next(it)
-        params = finish_params(
-            [Outcome(r[1], r[3], "ok", result="[null]") for r in rows], False  # type: ignore[arg-type]
-        )
-        params.update(worker_id=None, identifier="bench", workflows=["noop"],
-                      workflow_versions=[""], queues=None, limit=0, lease=60.0, reap=False)
-        cur.execute(_sql.WORKER_CYCLE, params)  # finish only (limit 0)
+        outcomes = [Outcome(r[1], r[2], "ok", result="[null]") for r in rows]  # type: ignore[arg-type]
+        cur.execute(_sql.WORKER_CYCLE, {**base, **outcome_params(outcomes), "limit": 0,
+                                        "done": "{" + str(rows[0][2]) + "}"})  # finish only
 
     results["finish of 100 outcomes (us)"] = _median_us(finish, 200)
 
-    fill(5000)
+    cur.execute("CREATE TABLE IF NOT EXISTS floor_jobs (id bigserial PRIMARY KEY, "
+                "status text NOT NULL DEFAULT 'ready', run_at timestamptz NOT NULL DEFAULT now(), "
+                "args jsonb NOT NULL DEFAULT '{}')")
+    cur.execute("CREATE INDEX IF NOT EXISTS floor_jobs_runnable ON floor_jobs (run_at) "
+                "WHERE status = 'ready'")
+    cur.execute("TRUNCATE floor_jobs")
+    cur.execute("INSERT INTO floor_jobs (args) SELECT jsonb_build_array(g) "
+                "FROM generate_series(1, 5000) g")
+    cur.execute("VACUUM ANALYZE floor_jobs")
     cur.execute(
-        "PREPARE floor AS UPDATE postjob.postjobs SET status = 'processing', "
-        "lease_token = nextval('postjob.lease_tokens') WHERE id = (SELECT id FROM "
-        "postjob.postjobs WHERE status IN ('ready', 'err') AND next_run_at <= now() "
-        "ORDER BY next_run_at LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, args"
+        "PREPARE floor AS UPDATE floor_jobs SET status = 'processing' WHERE id = (SELECT id "
+        "FROM floor_jobs WHERE status = 'ready' AND run_at <= now() ORDER BY run_at LIMIT 1 "
+        "FOR UPDATE SKIP LOCKED) RETURNING id, args"
     )
     results["floor: prepared single-row UPDATE (us)"] = _median_us(
         lambda: cur.execute("EXECUTE floor"), 2000

@@ -180,3 +180,18 @@ def dbapi_connect(url: URL | str) -> Any:
     conn = module.connect(url if isinstance(url, str) else libpq_url(url))
     conn.autocommit = True
     return conn
+
+
+#: Test data: make a job final by hand, as the database's own functions leave one (its status,
+#: no unique key held, nothing waiting). Tests that need a job in a state no run put it in use
+#: this rather than an UPDATE of the status alone (see postjob_sa/sql/schema.sql: what waits
+#: and what holds a key is not only the status column).
+END_BY_HAND = text(
+    "WITH ended AS (UPDATE postjob.postjobs SET status = CAST(:status AS postjob.statuses), "
+    "next_run_at = NULL, unique_key_held = false WHERE id = :id RETURNING id) "
+    "DELETE FROM postjob.waiting WHERE job_id IN (SELECT id FROM ended)"
+)
+
+
+def end_by_hand(conn: Connection | Session, job_id: int, status: str = "failed") -> None:
+    conn.execute(END_BY_HAND, {"id": job_id, "status": status})

@@ -42,6 +42,12 @@ def publish(post_id: int) -> str:
 # --- end ---
 
 
+# --- example: a back-off of the workflow's own ---
+@workflow(name="docs.polite", max_attempts=4, backoff=lambda attempt: 60.0 * attempt)
+def polite(url: str) -> str:  # retried after 1, 2, then 3 minutes
+    return url
+
+
 # --- example: catching a failed child ---
 @workflow(name="docs.flaky_source", max_attempts=2)
 def flaky_source(url: str) -> str:

@@ -3,9 +3,12 @@ revision uses; add a new function instead."""
 
 from __future__ import annotations
 
+import time
+
 from alembic import op
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 
 def _external(ctx: MigrationContext) -> bool:
@@ -40,3 +43,30 @@ def own_transaction(sql: str, *, then_wait: float = 0.0) -> None:
         op.execute("BEGIN;\n" + sql + "\nCOMMIT;")
         if then_wait > 0:
             op.execute(text("SELECT pg_sleep(:seconds)").bindparams(seconds=float(then_wait)))
+
+
+#: The SQLSTATEs of a transaction that met another one in its way: a deadlock, a lock not had
+#: within lock_timeout.
+_IN_THE_WAY = {"40P01", "55P03"}
+
+
+def own_transaction_retried(sql: str, *, then_wait: float = 0.0, tries: int = 5) -> None:
+    """:func:`own_transaction` tried again (after a growing pause) when a deadlock or the lock
+    timeout ends it: a transaction that takes a table's lock beside running workers may meet
+    one of theirs that waits for it in turn. Offline, and inside a transaction the caller began,
+    as :func:`own_transaction`."""
+    ctx = op.get_context()
+    if ctx.as_sql or _external(ctx):
+        own_transaction(sql, then_wait=then_wait)
+        return
+    for attempt in range(1, tries + 1):
+        try:
+            own_transaction(sql, then_wait=then_wait)
+            return
+        except DBAPIError as exc:
+            state = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+            if state not in _IN_THE_WAY or attempt == tries:
+                raise
+            with ctx.autocommit_block():
+                op.execute("ROLLBACK")
+            time.sleep(0.2 * attempt)

@@ -53,7 +53,7 @@ MANUAL_TOKENS_OF_TREE = text(
     "SELECT j.id, t.token::text FROM postjob.postjobs j "
     "JOIN postjob.tokens t ON t.postjob_id = j.id "
     "WHERE j.root_id = :root_id AND j.workflow = '__manual__' "
-    "AND j.status NOT IN ('ok', 'failed', 'timeout') ORDER BY j.id"
+    "AND j.status NOT IN ('ok', 'failed', 'timeout', 'cancelled') ORDER BY j.id"
 )
 
 #: The cut-off of a prune, on the server's clock, fixed once for all its batches.
@@ -68,7 +68,7 @@ PRUNABLE_COUNT = text(
     "WHERE r.parent_id IS NULL AND r.updated_at < :cutoff "
     "AND r.status::text = ANY(CAST(:statuses AS text[])) "
     "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs d WHERE d.root_id = r.id "
-    "                AND d.status NOT IN ('ok', 'failed', 'timeout')) "
+    "                AND d.status NOT IN ('ok', 'failed', 'timeout', 'cancelled')) "
     ") v JOIN postjob.postjobs j ON j.root_id = v.id"
 )
 
@@ -80,7 +80,7 @@ PRUNE_BATCH = text(
     "WHERE r.parent_id IS NULL AND r.updated_at < :cutoff "
     "AND r.status::text = ANY(CAST(:statuses AS text[])) "
     "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs d WHERE d.root_id = r.id "
-    "                AND d.status NOT IN ('ok', 'failed', 'timeout')) "
+    "                AND d.status NOT IN ('ok', 'failed', 'timeout', 'cancelled')) "
     "  ORDER BY r.id LIMIT :batch FOR UPDATE OF r SKIP LOCKED), "
     "gone AS (DELETE FROM postjob.postjobs j USING victims v WHERE j.root_id = v.id "
     "         RETURNING j.parent_id) "

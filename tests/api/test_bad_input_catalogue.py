@@ -24,6 +24,7 @@ from postjob_sa import Job, JobQueue, Registry, Status
 from postjob_sa._migrations import check_revision, schema_error
 from postjob_sa.context import ChildHandle, RunningJob, _RunContext
 from postjob_sa.worker import unknown
+from tests.conftest import end_by_hand
 
 ROOT = Path(__file__).resolve().parents[2]
 SURROGATE = os.fsdecode(b"\xff")
@@ -134,8 +135,7 @@ def _key_taken(engine: Engine) -> int:
     with Session(engine) as s:
         q = JobQueue(s, registry=reg)
         old = q.enqueue(stored, "old", unique_key="nightly").id
-        s.execute(text("UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL "
-                       "WHERE id = :id"), {"id": old})
+        end_by_hand(s, old)
         q.enqueue(stored, "newer", unique_key="nightly")
         s.commit()
     return old

@@ -163,8 +163,8 @@ def _finished_holder_and_newer(engine: Engine, key: str) -> tuple[int, int]:
     with Session(engine) as s:
         q = _q(s)
         old = q.enqueue(a, 1, unique_key=key).id
-        s.execute(text("UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL "
-                       "WHERE id = :id"), {"id": old})
+        [held] = q.checkout([a.name])
+        q.fail(held, RuntimeError("gone"), retry=False)  # failed: the key is free again
         newer = q.enqueue(a, 2, unique_key=key).id
         s.commit()
     assert newer != old
@@ -200,8 +200,10 @@ def test_reset_of_a_tree_whose_failed_child_lost_its_unique_key_names_the_holder
         q = _q(s)
         root = q.enqueue(a, 0).id
         child = q.enqueue(b, 1, parent_id=root, unique_key="child-key").id
-        s.execute(text("UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL "
-                       "WHERE id IN (:r, :c)"), {"r": root, "c": child})
+        s.commit()
+        for name in (b.name, a.name):  # the child fails, then its parent
+            [held] = q.checkout([name])
+            q.fail(held, RuntimeError("gone"), retry=False)
         holder = q.enqueue(b, 2, unique_key="child-key").id
         s.commit()
     with pytest.raises(InvalidJobState, match=f"job {child} cannot be reset: its unique key "

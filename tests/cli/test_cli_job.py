@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import URL, Engine, text
 
 from tests.cli.test_cli_db import assert_bad_input, postjob
-from tests.conftest import url_string
+from tests.conftest import end_by_hand, url_string
 
 pytestmark = pytest.mark.both_drivers
 
@@ -119,12 +119,12 @@ def test_reset_and_force(cli: Any, engine: Engine) -> None:
 
 def test_reset_of_a_job_whose_unique_key_a_newer_job_holds_is_bad_input(cli: Any, engine: Engine) -> None:
     """Issue 24 item 6: one line naming the holder, exit status 2 (was 1, "database error")."""
-    old = _insert(engine)
-    _sql(engine, "UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL, "
-         "unique_key = 'nightly' WHERE id = :id", id=old)
-    res = cli("job", "enqueue", "wf")
-    newer = int(res.stdout)
-    _sql(engine, "UPDATE postjob.postjobs SET unique_key = 'nightly' WHERE id = :id", id=newer)
+    with engine.begin() as conn:
+        old = conn.execute(text("INSERT INTO postjob.postjobs (workflow, unique_key) "
+                                "VALUES ('wf', 'nightly') RETURNING id")).scalar_one()
+        end_by_hand(conn, old)
+        newer = conn.execute(text("INSERT INTO postjob.postjobs (workflow, unique_key) "
+                                  "VALUES ('wf', 'nightly') RETURNING id")).scalar_one()
     with engine.connect() as conn:
         before = conn.execute(FINGERPRINT).scalar()
     assert_bad_input(cli("job", "reset", str(old)),
@@ -191,6 +191,20 @@ def test_prune_deletes_old_final_trees_in_batches(cli: Any, engine: Engine) -> N
         left = sorted(r[0] for r in conn.execute(text("SELECT root_id FROM postjob.postjobs")))
     assert left == sorted([ids[2], ids[2], ids[3], ids[3]])
     assert json.loads(cli("ps", "--json").stdout)["jobs"][0]["id"] == ids[3]
+
+
+def test_prune_deletes_a_finished_tree_with_a_cancelled_child(cli: Any, engine: Engine) -> None:
+    """'cancelled' is final too: a tree whose child was cancelled is finished (it was never
+    pruned: the check for unfinished descendants left 'cancelled' out)."""
+    root = _insert(engine)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO postjob.postjobs (parent_id, workflow, status) "
+                          "VALUES (:p, 'child', 'cancelled')"), {"p": root})
+        conn.execute(text("UPDATE postjob.postjobs SET status = 'ok', "
+                          "updated_at = now() - interval '3 days' WHERE id = :r"), {"r": root})
+        conn.execute(text("UPDATE postjob.postjobs SET updated_at = now() - interval '3 days'"))
+    res = cli("job", "prune", "--older-than", "2d")
+    assert res.returncode == 0 and "deleted 1 root job(s), 2 job(s) in all" in res.stdout
 
 
 def test_enqueue_without_import_says_the_workflow_defaults_do_not_apply(cli: Any, engine: Engine) -> None:

@@ -13,6 +13,7 @@ from werkzeug.test import Client, TestResponse
 
 from postjob_sa import InvalidArgument, JobQueue
 from postjob_sa.web import create_app, queries
+from tests.conftest import end_by_hand
 from tests.web_data import XSS, Seeded, backdate, noop, seed
 
 TOKEN = "correct horse battery"
@@ -233,8 +234,7 @@ def test_reset_of_a_job_whose_unique_key_another_holds_is_a_conflict(
     with Session(engine) as s:
         q = JobQueue(s)
         old = q.enqueue(noop, 1, unique_key="nightly").id
-        s.execute(text("UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL "
-                       "WHERE id = :id"), {"id": old})
+        end_by_hand(s, old)
         newer = q.enqueue(noop, 2, unique_key="nightly").id
         s.commit()
     refused = post(client, f"/jobs/{old}/reset")

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from postjob_sa import JobQueue
 from postjob_sa.web import create_app
 from postjob_sa.web.server import server
+from tests.conftest import end_by_hand
 from tests.web.test_web import status_of
 from tests.web_data import Seeded, noop, seed
 
@@ -180,8 +181,7 @@ def test_reset_of_a_job_whose_unique_key_another_holds_says_which(
     with Session(engine) as s:
         q = JobQueue(s)
         old = q.enqueue(noop, 1, unique_key="nightly").id
-        s.execute(text("UPDATE postjob.postjobs SET status = 'failed', next_run_at = NULL "
-                       "WHERE id = :id"), {"id": old})
+        end_by_hand(s, old)
         newer = q.enqueue(noop, 2, unique_key="nightly").id
         s.commit()
     page.goto(site.url + f"/jobs/{old}")

@@ -57,3 +57,11 @@ def test_report_catches_failed_children(queue: JobQueue, session: Session) -> No
         deadline -= 1
         session.execute(text("SELECT pg_sleep(0.02)"))
     assert result(session, job.id) == {"a": "unavailable (failed)", "b": "unavailable (failed)"}
+
+
+def test_a_polite_workflow_waits_a_minute_after_its_first_failure(
+    queue: JobQueue, session: Session
+) -> None:
+    from tests.doc_examples import polite
+
+    assert polite.backoff is not None and polite.backoff(1) == 60.0 and polite.backoff(3) == 180.0

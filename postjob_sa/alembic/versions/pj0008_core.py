@@ -20,10 +20,11 @@ release calls keep their signatures (``postjob_sa/sql/compat.sql``); the ones of
 go.
 
 Upgrading a live database: the tables are added first (a short exclusive lock), then, in one
-transaction that holds writers back (``lock_timeout`` 10 s), the functions are replaced and
-what waits and runs is copied into the new tables; the indexes are built and dropped
-CONCURRENTLY afterwards, and the functions no longer served are dropped once calls that began
-on them have ended.
+short transaction that holds the jobs table (``lock_timeout`` 10 s), the functions and
+triggers are replaced and what waits and runs is copied into the new tables; a step that meets
+a worker's transaction in a deadlock, or not its lock in time, is tried again. The indexes are
+built and dropped CONCURRENTLY afterwards, and the functions no longer served are dropped once
+calls that began on them have ended.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from __future__ import annotations
 from alembic import op
 
 from postjob_sa.alembic import _sql_files
-from postjob_sa.alembic._steps import index_step, own_transaction
+from postjob_sa.alembic._steps import index_step, own_transaction_retried
 
 revision = "pj0008"
 down_revision = "pj0007"
@@ -122,8 +123,11 @@ CREATE TABLE postjob.event_waits (
 CREATE INDEX event_waits_key_idx ON postjob.event_waits (key);
 """
 
-# Writers wait (readers do not) while the triggers change and what waits and runs is copied.
-WRITERS_WAIT = "LOCK TABLE postjob.postjobs IN SHARE ROW EXCLUSIVE MODE"
+# Everything waits while the triggers change and what waits and runs is copied (a short
+# transaction: DROP TRIGGER needs the jobs table's exclusive lock, taken first so that no
+# weaker lock of ours is upgraded behind a worker's; the limits' table next, for its trigger).
+TABLES_LOCKED = ("LOCK TABLE postjob.postjobs IN ACCESS EXCLUSIVE MODE;\n"
+                 "LOCK TABLE postjob.queue_limits IN SHARE ROW EXCLUSIVE MODE")
 
 TRIGGERS_UP = r"""
 DROP TRIGGER postjobs_notify_insert ON postjob.postjobs;
@@ -241,11 +245,13 @@ DROP FUNCTION IF EXISTS postjob._notify_workers();
 
 
 def upgrade() -> None:
-    own_transaction(TABLES_UP)
-    own_transaction("\n;\n".join([LOCK_TIMEOUT, NO_BODY_CHECKS, WRITERS_WAIT,
-                                  *_sql_files.live_functions(), TRIGGERS_UP, GRANTS_UP,
-                                  COPY_UP]),
-                    then_wait=1.0)
+    # each step meets the running workers' transactions: one that deadlocks with one of theirs,
+    # or waits for its locks longer than lock_timeout, is tried again
+    own_transaction_retried(TABLES_UP)
+    own_transaction_retried("\n;\n".join([LOCK_TIMEOUT, NO_BODY_CHECKS, TABLES_LOCKED,
+                                          *_sql_files.live_functions(), TRIGGERS_UP, GRANTS_UP,
+                                          COPY_UP]),
+                            then_wait=1.0)
     index_step(*INDEXES_UP)
     op.execute(LOCK_TIMEOUT)
     op.execute(OLD_FUNCTIONS_DOWN)
@@ -331,6 +337,6 @@ ALTER TABLE postjob.postjobs SET (fillfactor = 90);
 
 def downgrade() -> None:
     index_step(*INDEXES_DOWN)
-    own_transaction("\n;\n".join([LOCK_TIMEOUT, NO_BODY_CHECKS, WRITERS_WAIT,
-                                  _sql_files.frozen("pj0007_functions"), NEW_DOWN]))
+    own_transaction_retried("\n;\n".join([LOCK_TIMEOUT, NO_BODY_CHECKS, TABLES_LOCKED,
+                                          _sql_files.frozen("pj0007_functions"), NEW_DOWN]))
     index_step("DROP INDEX CONCURRENTLY IF EXISTS postjob.postjobs_errors_idx")
