@@ -208,3 +208,9 @@ def killed_step(seconds: float) -> str:
 
     first = postjob_sa.step("first", _charge, 1)
     return f"{first} {postjob_sa.step('slow', slow)}"
+
+
+@postjob_sa.workflow(name="dur.waiter_paused")
+def waiter_paused(key: str, pause: float) -> Any:
+    time.sleep(pause)
+    return postjob_sa.wait_for_event(key)

@@ -221,3 +221,33 @@ def test_async_job_queue_emits_in_the_callers_transaction(side: Engine) -> None:
     asyncio.run(emit())
     _drain(side)
     assert job(side, job_id)["results"] == ["committed"]
+
+
+def test_an_emit_while_the_waiters_sleep_is_being_recorded_wakes_it(side: Engine) -> None:
+    """The waiter has recorded its wait and its sleep outcome is on its way (held back by a
+    share lock of the test's on its row) when the emit comes: the emit waits for that sleep
+    to be recorded, then finds its waiting row and makes it due."""
+    job_id = _enqueue(side, durable_app.waiter_paused, "racing", 0.5)
+
+    def count(sql: str) -> int:  # a transaction per look (activity is read once per one)
+        with side.connect() as conn:
+            return int(conn.execute(text(sql), {"j": job_id}).scalar_one())
+
+    locks = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+             "AND wait_event_type = 'Lock'")
+    with BackgroundWorker(side):
+        wait_until(status_is(side, job_id, "processing"), 10, "running")
+        with side.connect() as holder:
+            holder.execute(text("SELECT 1 FROM postjob.postjobs WHERE id = :j FOR SHARE"),
+                           {"j": job_id})
+            wait_until(lambda: count("SELECT count(*) FROM postjob.event_waits WHERE job_id = :j"),
+                       10, "the wait recorded")
+            wait_until(lambda: count(locks) == 1, 10, "the sleep outcome waits for the lock")
+            emitter = threading.Thread(target=_emit, args=(side, "racing", "here"))
+            emitter.start()
+            wait_until(lambda: count(locks) == 2 or not emitter.is_alive(), 10,
+                       "the emit waits too (or is done)")
+            holder.rollback()
+        emitter.join(10)
+        wait_until(status_is(side, job_id, "ok"), 5, "woken by the emit")
+    assert job(side, job_id)["results"] == ["here"]
