@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import select
 import socket
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,8 @@ SUPPORTED_DRIVERS = {"psycopg": "postgresql+psycopg://", "psycopg2": "postgresql
 #: How each driver is called in prose.
 DRIVER_LABELS = {"psycopg": "psycopg 3", "psycopg2": "psycopg2"}
 
+#: A named placeholder of the worker's statements (``%(name)s``).
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 #: SQLSTATEs of a connection that is gone or refused (besides class 08, connection exception).
 _CONNECTION_STATES = {"57P01", "57P02", "57P03", "53300"}
 #: SQLSTATEs worth trying again as they are: another transaction was in the way.
@@ -131,6 +134,9 @@ class Conn:
         self.driver = driver
         self.owned = owned
         self._notified = False
+        #: whether this connection may keep prepared statements (not behind a pooler)
+        self.may_prepare = False
+        self._prepared: dict[str, str] = {}  # statement -> its EXECUTE
         if driver == "psycopg":
             raw.add_notify_handler(self._on_notify)
 
@@ -151,7 +157,9 @@ class Conn:
         conn = cls(raw, driver)
         if pooled:
             no_prepared_statements(raw, driver)
-        elif name is not None:
+        else:
+            conn.may_prepare = True
+        if not pooled and name is not None:
             try:
                 conn.scalar(_sql.WORKER_NAME_SET, {"name": name})
             except BaseException:
@@ -187,6 +195,28 @@ class Conn:
             return [] if cur.description is None else list(cur.fetchall())
         finally:
             cur.close()
+
+    def prepared_tuples(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """:meth:`tuples` of a statement the connection prepares on the server the first time
+        (psycopg2, which never prepares by itself, on a connection of the worker's own; psycopg
+        3 prepares a statement run often by itself): parsed and planned once per connection."""
+        if self.driver != "psycopg2" or not self.may_prepare:
+            return self.tuples(sql, params)
+        execute = self._prepared.get(sql)
+        if execute is None:
+            execute = self._prepare(sql)
+        return self.tuples(execute, params)
+
+    def _prepare(self, sql: str) -> str:
+        """PREPARE a statement of postjob_sa._sql (a constant: no input reaches it) under a name
+        of this connection's; returns the EXECUTE that runs it with the same parameters."""
+        names = list(dict.fromkeys(_PLACEHOLDER.findall(sql)))
+        name = "postjob_" + str(len(self._prepared))
+        body = _PLACEHOLDER.sub(lambda m: "$" + str(names.index(m.group(1)) + 1), sql)
+        self.tuples("PREPARE " + name + " AS " + body)
+        execute = "EXECUTE " + name + "(" + ", ".join("%(" + n + ")s" for n in names) + ")"
+        self._prepared[sql] = execute
+        return execute
 
     def scalar(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
         """Run one statement; the first column of its first row, or None."""

@@ -204,10 +204,13 @@ class _Probe:
         self._conn = Conn.open(self._s.get_bind()).raw
         self._cur = self._conn.cursor()
         self._stmt = _sql.WORKER_CYCLE
+        from postjob_sa.worker.executor import outcome_params
+
         self._params = {
-            "worker_id": None, "identifier": "bench", "outcomes": "[]", "done": [],
+            **outcome_params([]), "worker_id": None, "identifier": "bench", "done": "{}",
             "workflows": [NOOP], "versions": [""], "queues": None, "limit": 1, "lease": 60.0,
-            "reap": True,  # conservative: the API default (a worker reaps at most once a second)
+            # conservative: a worker reaps and makes due what came due now and then, not always
+            "reap": True, "promote": True,
         }
         self.table_bytes = int(pg.value(url, "SELECT pg_total_relation_size('postjob.postjobs')"))
         self.index_bytes = int(pg.value(url, "SELECT pg_relation_size('postjob.waiting_due_idx')"))

@@ -116,7 +116,7 @@ class Recorder:
     def _call(self, conn: Conn, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         for attempt in range(TRANSIENT_RETRIES + 1):
             try:
-                return conn.tuples(_sql.WORKER_CYCLE, params)
+                return conn.prepared_tuples(_sql.WORKER_CYCLE, params)
             except Exception as exc:
                 if failure(exc) is not Failure.TRANSIENT or attempt == TRANSIENT_RETRIES:
                     raise
