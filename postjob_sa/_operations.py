@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from postjob_sa import _limits, _sql, _validate
 from postjob_sa._db import sqlstate
 from postjob_sa._migrations import schema_checked
+from postjob_sa.durable import events
 from postjob_sa.errors import InvalidArgument, InvalidJobState, JobNotFound
 from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, QueueLimit, Status
 
@@ -34,6 +35,15 @@ class JobOperations:
         if status is None:
             raise JobNotFound(f"no job has the id {job_id}")
         return str(status)
+
+    @schema_checked
+    def emit_event(self, key: str, payload: Any = None) -> int:
+        """Record an event under ``key`` in the caller's transaction; the jobs waiting for it
+        (``wait_for_event(key)``) are woken when that commits, and later waits get it too. A
+        rollback records and wakes nothing. Returns the event's id."""
+        params = {"key": events.key_checked(key),
+                  "payload": _validate.to_json(payload, "the event's payload")}
+        return int(self.session.execute(_sql.EVENT_EMIT, params).scalar_one())
 
     @schema_checked
     def resolve(self, token: str | uuid.UUID, result: Any = None, *, error: str | None = None) -> int:

@@ -90,6 +90,47 @@ WORKFLOW_STATUS_SET = (
     "%(status)s::varchar) AS accepted"
 )
 
+# -- durable workflows (postjob_sa.durable; postjob_sa/sql/durable.sql) ------------------------
+
+#: Every step of a job (its runs' steps, sleeps and event waits), with the seconds until each
+#: sleep's wake time: a run loads them once.
+STEPS_LOAD = (
+    "SELECT kind, name, digest, result, error, error_message, "
+    "EXTRACT(EPOCH FROM wake_at - statement_timestamp())::float8 AS wake_in "
+    "FROM postjob.steps WHERE job_id = %(job_id)s::bigint"
+)
+
+#: Record a step of a running job (kept as it is when recorded already); the step as stored.
+#: Fenced on the lease.
+STEP_RECORD = (
+    "SELECT result, error, error_message, wake_in FROM postjob.record_step_v1("
+    "%(job_id)s::bigint, %(lease_token)s::bigint, %(kind)s::varchar, %(name)s::varchar, "
+    "%(digest)s::varchar, %(result)s::jsonb, %(error)s::varchar, %(message)s::varchar, "
+    "%(wake_in)s::float8, %(wake_at)s::timestamptz)"
+)
+
+#: The seq-th wait of a running job for an event: 'event' (its payload), 'timeout', or 'wait'
+#: (recorded; the seconds left until its deadline). Fenced on the lease.
+EVENT_WAIT = (
+    "SELECT state, payload, wake_in FROM postjob.wait_event_v1(%(job_id)s::bigint, "
+    "%(lease_token)s::bigint, %(seq)s::integer, %(key)s::varchar, %(timeout)s::float8)"
+)
+
+#: Record an event in the caller's transaction and wake its waiters; the event's id.
+EVENT_EMIT = text("SELECT postjob.emit_event_v1(CAST(:key AS varchar), CAST(:payload AS jsonb))")
+
+#: Delete the events emitted more than ``seconds`` ago (``postjob event prune``).
+EVENTS_PRUNE = text(
+    "WITH gone AS (DELETE FROM postjob.events "
+    "WHERE created_at < now() - CAST(:seconds AS float8) * interval '1 second' RETURNING 1) "
+    "SELECT count(*) FROM gone"
+)
+
+#: The trace context a job was enqueued with (read when a tracer provider is set).
+JOB_TRACE_CONTEXT = (
+    "SELECT trace_context FROM postjob.postjobs WHERE id = %(job_id)s::bigint"
+)
+
 # -- schema checks (the worker, the CLI and migrate) --------------------------------------------
 
 SCHEMA_EXISTS = (
@@ -111,10 +152,10 @@ SCHEMA_OLDEST_SERVED = "SELECT postjob.oldest_served_code()"
 #: transaction stays usable.
 JOB_ENQUEUE = text(
     "INSERT INTO postjob.postjobs (workflow, args, queue, max_attempts, timeout, "
-    "workflow_version, tags, parent_id, next_run_at, priority, unique_key) "
+    "workflow_version, tags, parent_id, next_run_at, priority, unique_key, trace_context) "
     "VALUES (:workflow, CAST(:args AS jsonb), :queue, :max_attempts, :timeout, :version, "
     "CAST(:tags AS jsonb), :parent_id, COALESCE(CAST(:run_at AS timestamptz), now()), "
-    ":priority, :unique_key) "
+    ":priority, :unique_key, CAST(:trace_context AS jsonb)) "
     "ON CONFLICT DO NOTHING "
     "RETURNING id, root_id, full_id"
 )
@@ -131,10 +172,10 @@ JOB_CHILD_BY_KEY = text(
 
 JOB_ENQUEUE_MANY = text(
     "INSERT INTO postjob.postjobs (id, root_id, full_id, queue, workflow, workflow_version, "
-    "args, tags, max_attempts, timeout, next_run_at, priority) "
+    "args, tags, max_attempts, timeout, next_run_at, priority, trace_context) "
     "SELECT n.id, n.id, n.id::text, :queue, :workflow, :version, n.args, "
     "CAST(:tags AS jsonb), :max_attempts, :timeout, COALESCE(CAST(:run_at AS timestamptz), now()), "
-    ":priority "
+    ":priority, CAST(:trace_context AS jsonb) "
     "FROM (SELECT nextval('postjob.postjobs_id_seq') AS id, a.args, a.ord "
     "      FROM jsonb_array_elements(CAST(:args AS jsonb)) WITH ORDINALITY AS a(args, ord)) n "
     "ORDER BY n.ord RETURNING id"

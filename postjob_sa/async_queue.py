@@ -121,6 +121,7 @@ class AsyncJobQueue:
     force = _forward(JobQueue.force)
     reap = _forward(JobQueue.reap)
     cancel = _forward(JobQueue.cancel)
+    emit_event = _forward(JobQueue.emit_event)
     set_queue_limits = _forward(JobQueue.set_queue_limits)
     queue_limits = _forward(JobQueue.queue_limits)
 

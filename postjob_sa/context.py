@@ -24,14 +24,17 @@ _ChildKey = tuple[str, str]  # (workflow, canonical JSON of args)
 
 
 class Pending(BaseException):
-    """Unwinds a workflow that waits for an unfinished child (not an error: the job sleeps).
+    """Unwinds a workflow that waits (not an error: the job sleeps): for an unfinished child
+    (``child_id``), or for a time or an event (``wake_in``: the seconds until it runs again
+    whatever else wakes it; None: until it is woken).
 
     A BaseException, so ``except Exception`` in workflow code does not swallow it.
     """
 
-    def __init__(self, child_id: int):
+    def __init__(self, child_id: int | None, wake_in: float | None = None):
         super().__init__(child_id)
         self.child_id = child_id
+        self.wake_in = wake_in
 
 
 class RunningJob(NamedTuple):
@@ -196,6 +199,8 @@ class _RunContext:
     fast_mode: bool = False
     _children: dict[_ChildKey, dict[str, Any]] | None = None
     pending: dict[_ChildKey, _ChildSpec] = field(default_factory=dict)
+    #: the run's memo of its job's steps (postjob_sa.durable), made by the first step
+    memo: Any = None
 
     # -- whether the run still holds its job ---------------------------------------------------
 

@@ -87,3 +87,25 @@ class ChildFailed(NonRecoverable):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ChildFailed, (self.child_id, self.status, self.error, self.message))
+
+
+class EventTimeout(NonRecoverable):
+    """``wait_for_event(key, timeout)`` saw no event under ``key`` in time.
+
+    Catch it to go another way; re-runs of the job raise it again at the same wait (it is
+    stored). Non-recoverable: unless caught, the job fails at once (a retry would meet the
+    same stored timeout).
+    """
+
+    def __init__(self, key: str, timeout: float | None = None):
+        self.key = key
+        self.timeout = timeout
+        waited = f" in {timeout:g} s" if timeout is not None else " in time"
+        super().__init__(f"no event under {key!r} came{waited}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (EventTimeout, (self.key, self.timeout))
+
+
+class DuplicateStep(NonRecoverable):
+    """A step name was used twice in one run (each ``step`` of a run needs a name of its own)."""

@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from postjob_sa import _tracing
 from postjob_sa.errors import InvalidJobState
 
 SCHEMA = "postjob"
@@ -137,6 +138,9 @@ class Job(Base):
     #: true while the job is unfinished and has a unique_key: it holds the key
     unique_key_held: Mapped[bool] = mapped_column(Boolean, server_default=text("false"),
                                                   nullable=False)
+    #: the W3C trace context of the enqueue, when OpenTelemetry traced it (a child: its parent's)
+    trace_context: Mapped[dict[str, str] | None] = mapped_column(JSONB(none_as_null=True),
+                                                                 default=_tracing.carrier)
 
     # Only columns an ordinary run never changes are indexed, so its updates are HOT (see
     # postjob_sa/sql/schema.sql); what checkout and reaping look up is in Waiting and Lease.

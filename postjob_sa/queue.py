@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import URL, Connection, Engine, select
 from sqlalchemy.orm import Session, make_transient_to_detached, scoped_session
 
-from postjob_sa import _backoff, _metrics, _sql, _validate
+from postjob_sa import _backoff, _metrics, _sql, _tracing, _validate
 from postjob_sa._db import check_driver, worker_identifier
 from postjob_sa._migrations import schema_checked
 from postjob_sa._operations import JobOperations
@@ -217,6 +217,7 @@ class JobQueue(JobOperations):
             "parent_id": parent_id, "run_at": opts["run_at"],
             "priority": _validate.priority(priority),
             "unique_key": None if unique_key is None else _validate.name(unique_key, "unique_key"),
+            "trace_context": _tracing.current_context(),
         }
         if parent_id is not None:
             self._require_job(_validate.job_id(parent_id))
@@ -291,6 +292,7 @@ class JobQueue(JobOperations):
                 "tags": opts["tags"],
                 "run_at": opts["run_at"],
                 "priority": _validate.priority(priority),
+                "trace_context": _tracing.current_context(),
             },
         )
         ids = [r[0] for r in rows]

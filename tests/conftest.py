@@ -157,7 +157,8 @@ def engine(db_url: URL) -> Iterator[Engine]:
 def clean(engine: Engine) -> None:
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE postjob.postjobs, postjob.tokens, postjob.workers, "
-                          "postjob.queue_limits, postjob.schedules RESTART IDENTITY CASCADE"))
+                          "postjob.queue_limits, postjob.schedules, postjob.events "
+                          "RESTART IDENTITY CASCADE"))
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ HISTORY_DIR = SQL_DIR / "history"
 #: The function files, in the order they are installed (a LANGUAGE sql body is checked when it
 #: is created, so what it calls comes first; plpgsql bodies are checked when they run).
 FUNCTION_FILES = ("jobs", "checkout", "workflows", "outcomes", "leases", "operators", "limits",
-                  "schedules", "compat")
+                  "schedules", "durable", "compat")
 
 
 def live(name: str) -> str:

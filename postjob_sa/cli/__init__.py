@@ -35,6 +35,8 @@ COMMANDS = {
     "db": Entry("db", "db", 'Manage the postjob schema (Alembic branch "postjob").'),
     "demo": Entry("demo", "demo", "A tour: enqueue a fan-out/fan-in workflow with a manual "
                   "approval, run it, show it."),
+    "event": Entry("event", "event", "Events that durable workflows wait for "
+                   "(postjob_sa.wait_for_event)."),
     "job": Entry("job", "job", "Change jobs."),
     "ps": Entry("ps", "ps", "List root jobs newest first (with IDs: those jobs' trees)."),
     "queue": Entry("queue", "queue", "Per-queue limits, obeyed by every worker."),

@@ -16,6 +16,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from postjob_sa.durable import view as durable_view
 from postjob_sa.models import MANUAL_WORKFLOW, Job
 from postjob_sa.worker.unknown import Served
 
@@ -244,6 +245,10 @@ def show_table(fields: dict[str, Any]) -> Table:
     for key, value in fields.items():
         if key == "error_backtrace" and value:
             shown = "\n".join(str(v) for v in value)
+        elif key == "steps":
+            shown = "\n".join(durable_view.describe(step) for step in value)
+        elif key == "waits_for_events":
+            shown = "\n".join(durable_view.describe_wait(wait) for wait in value)
         elif isinstance(value, datetime):
             shown = value.isoformat(sep=" ", timespec="milliseconds")
         elif isinstance(value, (dict, list)):

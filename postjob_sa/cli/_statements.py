@@ -101,9 +101,11 @@ ROLE_GRANTS = text(
     "format('GRANT USAGE ON SCHEMA postjob TO %I', CAST(:role AS text)), "
     "format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.postjobs, postjob.tokens, "
     "postjob.workers, postjob.queue_limits, postjob.schedules, postjob.waiting, postjob.leases, "
-    "postjob.queue_slots, postjob.queue_starts TO %I', CAST(:role AS text)), "
+    "postjob.queue_slots, postjob.queue_starts, postjob.steps, postjob.events, "
+    "postjob.event_waits TO %I', CAST(:role AS text)), "
     "format('GRANT USAGE ON SEQUENCE postjob.postjobs_id_seq, postjob.tokens_id_seq, "
-    "postjob.workers_id_seq, postjob.lease_tokens TO %I', CAST(:role AS text)), "
+    "postjob.workers_id_seq, postjob.lease_tokens, postjob.events_id_seq TO %I', "
+    "CAST(:role AS text)), "
     "format('GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA postjob TO %I', CAST(:role AS text))"
     "] AS statements"
 )

@@ -17,6 +17,7 @@ from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from postjob_sa.durable import view as durable_view
 from postjob_sa.worker.unknown import Served, served
 
 from . import _parse, _query, _render
@@ -173,6 +174,10 @@ def ps_show(app: App, ids: tuple[str, ...], as_json: bool) -> None:
     with app.connect_checked():
         pass
     fields = [_render.job_fields(j, t) for j, t in _query.show_jobs(app.engine, job_ids)]
+    with app.engine.connect() as conn:  # what its durable calls stored (steps, sleeps, waits)
+        durable = durable_view.of_jobs(conn, job_ids)
+    for f in fields:
+        f.update(durable[f["id"]].fields())
     if as_json:
         _render.print_json(fields)
         return

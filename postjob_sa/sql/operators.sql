@@ -71,6 +71,10 @@ BEGIN
   )
   SELECT array_agg(job_id ORDER BY job_id) INTO v_ids FROM rows;
   IF v_ids IS NOT NULL THEN
+    -- what failed is tried again: the errors its steps stored and the timeouts of its waits
+    -- go (what they achieved stays), and its waits start afresh
+    DELETE FROM postjob.steps WHERE job_id = ANY (v_ids) AND error IS NOT NULL;
+    DELETE FROM postjob.event_waits WHERE job_id = ANY (v_ids);
     PERFORM pg_notify('postjob_notifications', '');
   END IF;
   RETURN COALESCE(v_ids, '{}');
@@ -158,9 +162,13 @@ BEGIN
 END;
 $$;
 
--- Run a ready, err or sleeping job as soon as possible.
+-- Run a ready, err or sleeping job as soon as possible (a durable sleep of it ends now).
 CREATE OR REPLACE FUNCTION postjob.force_job(p_id bigint) RETURNS boolean
 LANGUAGE sql AS $$
+  UPDATE postjob.steps SET wake_at = statement_timestamp()
+  WHERE job_id = p_id AND kind = 'sleep' AND wake_at > statement_timestamp()
+    AND EXISTS (SELECT 1 FROM postjob.postjobs
+                WHERE id = p_id AND status IN ('ready', 'err', 'sleep'));
   SELECT cardinality(postjob._make_ready(ARRAY[p_id],
                                          ARRAY['ready', 'err', 'sleep']::postjob.statuses[])) > 0
 $$;

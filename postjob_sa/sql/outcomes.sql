@@ -4,11 +4,15 @@
 -- postjob.finish_jobs_v3 for a transactional job and JobQueue.complete/fail). The runs that
 -- ended ok, nearly all of them, come as parallel arrays (ids, lease tokens, [value] results,
 -- versions), the others as one JSON array with one element per run:
---   [id, lease_token, kind, result, error, message, backtrace, version, awaiting, retry_in]
+--   [id, lease_token, kind, result, error, message, backtrace, version, awaiting, retry_in,
+--    wake_in]
 -- kind is ok, err, failed, sleep or release; result is the run's [value] (ok); error, message
 -- and backtrace describe a failure; version is the workflow version that ran; awaiting is the
 -- child a sleeping parent waits for; retry_in is the seconds an err outcome waits before its
--- next attempt (the workflow's back-off: a policy of the Python code, never of the database).
+-- next attempt (the workflow's back-off: a policy of the Python code, never of the database);
+-- wake_in, when a sleep has it, is the seconds until it runs again whatever wakes it before
+-- (a durable sleep, an event's timeout: durable.sql), else it waits to be woken. The last
+-- elements may be left out.
 -- Each outcome is fenced on its lease token: a run that lost its job (cancelled, reaped,
 -- reset) records nothing.
 
@@ -95,7 +99,8 @@ BEGIN
     WITH o AS (
       SELECT (e->>0)::bigint AS id, (e->>1)::bigint AS token, e->>2 AS kind, e->3 AS result,
              e->>4 AS error, e->>5 AS message, e->6 AS backtrace, e->>7 AS version,
-             (e->>8)::bigint AS awaiting, COALESCE((e->>9)::float8, 0) AS retry_in
+             (e->>8)::bigint AS awaiting, COALESCE((e->>9)::float8, 0) AS retry_in,
+             (e->>10)::float8 AS wake_in
       FROM jsonb_array_elements(p_outcomes) e
     ), i AS (
       SELECT o.*, (o.kind = 'sleep'
@@ -122,6 +127,7 @@ BEGIN
           WHEN i.kind = 'err' AND j.failed_attempts + 1 < j.max_attempts
             THEN v_now + greatest(i.retry_in, 0) * interval '1 second'
           WHEN i.kind = 'release' OR i.woken THEN v_now
+          WHEN i.kind = 'sleep' THEN v_now + i.wake_in * interval '1 second'
         END,
         awaiting_id = CASE WHEN i.kind = 'sleep' AND NOT i.woken THEN i.awaiting END,
         workflow_version = COALESCE(i.version, j.workflow_version),
@@ -159,7 +165,7 @@ BEGIN
            array_agg(u.id) FILTER (WHERE u.status = 'failed'),
            array_agg(u.id) FILTER (WHERE u.woken),
            bool_or(u.status = 'ready' OR (u.status = 'err' AND u.next_run_at <= v_now)),
-           bool_or(u.status = 'err')
+           bool_or(u.status = 'err' OR (u.status = 'sleep' AND u.next_run_at IS NOT NULL))
       INTO v_accepted, v_final, v_failed, v_woken, v_runnable, v_waiting
       FROM updated u;
 

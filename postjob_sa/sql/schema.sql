@@ -60,6 +60,9 @@ CREATE TABLE postjob.postjobs (
   unique_key                    varchar,
   -- true while the job is unfinished and has a unique_key: it holds the key
   unique_key_held               boolean NOT NULL DEFAULT false,
+  -- the W3C trace context of the enqueue ({"traceparent": ..., "tracestate": ...}), when
+  -- OpenTelemetry traced it; a child gets its parent's: a job tree is one trace
+  trace_context                 jsonb,
   CONSTRAINT postjobs_args_array CHECK (jsonb_typeof(args) = 'array'),
   CONSTRAINT postjobs_tags_object CHECK (tags IS NULL OR jsonb_typeof(tags) = 'object'),
   CONSTRAINT postjobs_max_attempts_positive CHECK (max_attempts >= 1),
@@ -199,6 +202,49 @@ CREATE TABLE postjob.schedules (
   registered_at  timestamptz NOT NULL DEFAULT now(),
   CONSTRAINT schedules_cron_or_every CHECK ((cron IS NULL) <> (every IS NULL))
 );
+
+-- Durable workflows (durable.sql). A job's steps: what its runs did that its re-runs must not
+-- do again. kind 'step': a step(name, fn, ...) call, by its name, with its result or the
+-- non-recoverable error it raised; 'sleep': the run's n-th sleep (name n) and when it ends;
+-- 'event': the run's n-th wait for an event (name n), its key (digest) and the event's
+-- payload it got, or its timeout (error EventTimeout). digest is what a step was called with
+-- (md5 of its arguments' JSON), to tell when a re-run calls it with others. Removed with
+-- their job (jobs.sql).
+CREATE TABLE postjob.steps (
+  job_id         bigint NOT NULL,
+  kind           varchar NOT NULL,
+  name           varchar NOT NULL,
+  digest         varchar,
+  result         jsonb,
+  error          varchar,
+  error_message  varchar,
+  wake_at        timestamptz,
+  created_at     timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (job_id, kind, name),
+  CONSTRAINT steps_kind CHECK (kind IN ('step', 'sleep', 'event'))
+);
+
+-- Events (JobQueue.emit_event): a wait gets the first one under its key.
+CREATE TABLE postjob.events (
+  id          bigserial PRIMARY KEY,
+  key         varchar NOT NULL,
+  payload     jsonb,
+  created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX events_key_idx ON postjob.events (key, id);
+
+-- The jobs waiting for an event: the seq-th wait of a job's run, for key, until timeout_at
+-- (NULL: no deadline). An emit under the key removes them and wakes their jobs; removed with
+-- their job (jobs.sql).
+CREATE TABLE postjob.event_waits (
+  job_id      bigint NOT NULL,
+  seq         integer NOT NULL,
+  key         varchar NOT NULL,
+  timeout_at  timestamptz,
+  created_at  timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (job_id, seq, key)
+);
+CREATE INDEX event_waits_key_idx ON postjob.event_waits (key);
 
 -- Whatever inserts a job (JobQueue.enqueue, session.add(Job(...)), a spawn, a schedule's tick):
 -- its ids, deadline and key are filled in row by row, and its waiting row is written and the

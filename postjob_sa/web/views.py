@@ -11,6 +11,8 @@ from sqlalchemy import Connection
 from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import NotFound
 
+from postjob_sa.durable import view as durable_view
+
 from . import forms
 from . import queries as q
 from .charts import throughput_chart
@@ -192,6 +194,8 @@ def job(conn: Connection, job_id: int) -> Screen:
         context={"job_id": job_id},
         fragments={
             "job": ("fragments/job_fields.html", {"job": row}),
+            "durable": ("fragments/job_durable.html",
+                        {"durable": durable_view.of_jobs(conn, [job_id])[job_id]}),
             "tree": ("fragments/job_tree.html", {
                 "nodes": nodes, "cut": cut, "current": job_id, "awaited": awaited,
                 "limit": q.TREE_LIMIT,

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from postjob_sa import _backoff, _json
+from postjob_sa import _backoff, _json, _sql, _tracing
 from postjob_sa.context import Pending, _RunContext, enter, leave
 from postjob_sa.errors import JobCancelled, LeaseLost, NonRecoverable, ResultNotJSON
 from postjob_sa.registry import Workflow
@@ -50,6 +50,9 @@ class Outcome:
     #: the attempt this run was, and how many the job has
     attempt: int | None = None
     max_attempts: int | None = None
+    #: seconds until a sleeping job runs again whatever wakes it before (a durable sleep, an
+    #: event's timeout); None: until it is woken
+    wake_in: float | None = None
 
     def describe(self) -> str:
         """'job 12 (app.send)', for log lines."""
@@ -64,12 +67,13 @@ class Outcome:
 
     def element(self) -> str:
         """This outcome as one element of finish_jobs_v3's JSON array: [id, lease_token, kind,
-        result, error, message, backtrace, version, awaiting, retry_in]."""
+        result, error, message, backtrace, version, awaiting, retry_in, wake_in]."""
         retry = "null" if self.retry_in is None else repr(float(self.retry_in))
+        wake = "" if self.wake_in is None else f",{float(self.wake_in)!r}"
         return (f"[{self.job_id},{_json_int(self.lease_token)},{_json_text(self.kind)},"
                 f"{self.result or 'null'},{_json_text(self.error)},{_json_text(self.message)},"
                 f"{self.backtrace or 'null'},{_json_text(self.version)},"
-                f"{_json_int(self.awaiting)},{retry}]")
+                f"{_json_int(self.awaiting)},{retry}{wake}]")
 
     def rejected(self, reason: str) -> Outcome:
         """This run failed instead, because the database refused its outcome."""
@@ -153,6 +157,7 @@ def _error_outcome(ctx: _RunContext, wf: Workflow[Any, Any], kind: str, exc: Bas
 def run_job(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
     """Call a (sync) workflow with the job's args inside the job context. Never raises but
     :class:`Abort`: an interruption comes back as an outcome that carries it."""
+    span = _span(ctx, _trace_context(ctx)) if _tracing.enabled() else None
     token = enter(ctx)
     started = time.monotonic()
     try:
@@ -169,13 +174,16 @@ def run_job(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
         outcome = _lost(ctx, wf, gone)
     finally:
         leave(token)
-    return _stamped(outcome, ctx, started)
+        if span is not None:
+            span.leave()
+    return _ended(span, _stamped(outcome, ctx, started))
 
 
 async def run_job_async(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
     """Await an ``async def`` workflow inside the job context (a task of its own, so the
     context is the task's); the same outcomes as :func:`run_job`. A cancelled task hands its
     job back (an outcome of kind ``release`` that carries the CancelledError)."""
+    span = _span(ctx, await _trace_context_async(ctx)) if _tracing.enabled() else None
     token = enter(ctx)
     started = time.monotonic()
     try:
@@ -194,7 +202,41 @@ async def run_job_async(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
         outcome = _lost(ctx, wf, gone)
     finally:
         leave(token)
-    return _stamped(outcome, ctx, started)
+        if span is not None:
+            span.leave()
+    return _ended(span, _stamped(outcome, ctx, started))
+
+
+# -- tracing (only with a tracer provider set: see postjob_sa._tracing) -----------------------
+
+def _trace_context(ctx: _RunContext) -> Any:
+    try:
+        rows = ctx.query(_sql.JOB_TRACE_CONTEXT, {"job_id": ctx.job.id})
+    except Exception as exc:  # the run goes on untraced by its enqueue
+        log.debug("job %s: its trace context could not be read: %s", ctx.job.id, exc)
+        return None
+    return rows[0]["trace_context"] if rows else None
+
+
+async def _trace_context_async(ctx: _RunContext) -> Any:
+    try:
+        rows = await ctx.query_async(_sql.JOB_TRACE_CONTEXT, {"job_id": ctx.job.id})
+    except Exception as exc:
+        log.debug("job %s: its trace context could not be read: %s", ctx.job.id, exc)
+        return None
+    return rows[0]["trace_context"] if rows else None
+
+
+def _span(ctx: _RunContext, stored: Any) -> _tracing.RunSpan:
+    job = ctx.job
+    return _tracing.RunSpan(stored, workflow=job.workflow, job_id=job.id, attempt=job.attempt,
+                            queue=job.queue, root_id=job.root_id).__enter__()
+
+
+def _ended(span: _tracing.RunSpan | None, outcome: Outcome) -> Outcome:
+    if span is not None:
+        span.end(outcome.kind, outcome.error, outcome.message)
+    return outcome
 
 
 def _lost(ctx: _RunContext, wf: Workflow[Any, Any], gone: BaseException) -> Outcome:
@@ -242,7 +284,8 @@ def _from_error(ctx: _RunContext, wf: Workflow[Any, Any], exc: BaseException,
     if isinstance(exc, Pending):
         if flush_error is not None:  # the children could not be written: retry the run
             return _error_outcome(ctx, wf, "err", flush_error)
-        return Outcome(job.id, job.lease_token, "sleep", version=wf.version, awaiting=exc.child_id)
+        return Outcome(job.id, job.lease_token, "sleep", version=wf.version, awaiting=exc.child_id,
+                       wake_in=exc.wake_in)
     if isinstance(exc, NonRecoverable):
         return _error_outcome(ctx, wf, "failed", exc)
     if isinstance(exc, Exception):

@@ -241,14 +241,23 @@ def log_outcome(outcome: Outcome, status: str, attempt: int | None = None) -> No
                      "\n  ".join(frames), extra=extra)
     elif outcome.kind == "sleep":
         if log.isEnabledFor(logging.INFO):
-            log.info("%s: %s in %s (waits for job %s)", outcome.describe(),
-                     "sleeping" if status == "sleep" else "woken at once", took, outcome.awaiting,
+            log.info("%s: %s in %s (%s)", outcome.describe(),
+                     "sleeping" if status == "sleep" else "woken at once", took, _waits(outcome),
                      extra=extra)
     elif outcome.kind == "release":
         log.warning("%s: released for another run (no attempt counted)", outcome.describe(),
                     extra=extra)
     elif log.isEnabledFor(logging.INFO):
         log.info("%s: %s in %s", outcome.describe(), status, took, extra=extra)
+
+
+def _waits(outcome: Outcome) -> str:
+    """What a sleeping job waits for, for its log line."""
+    if outcome.awaiting is not None:
+        return f"waits for job {outcome.awaiting}"
+    if outcome.wake_in is not None:
+        return f"runs again in {outcome.wake_in:.3g} s"
+    return "waits to be woken"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,6 +1,7 @@
 """A checkout, and an idle worker's wait, cost the same whatever lies beside the jobs it takes
 that it cannot take now: finished jobs, manual steps, jobs of workflows it does not run, jobs
-due later at many priorities, a queue it does not serve, a limited queue at its cap.
+due later at many priorities, jobs in a durable sleep or waiting for an event, a queue it does
+not serve, a limited queue at its cap.
 
 Counted, not timed: the buffers a call reads (every relation of the schema, tables and
 indexes, from the transaction's own statistics), for a checkout of 1 and of 100 and for the
@@ -51,6 +52,17 @@ BESIDE: dict[str, list[str]] = {
     "2,000 priority levels due later": [
         "INSERT INTO postjob.postjobs (workflow, queue, priority, next_run_at) "
         "SELECT 'cost.w', 'q', g, now() + interval '1 day' FROM generate_series(1, 2000) g"],
+    # as a durable sleep's outcome leaves them (finish_jobs_v3: status sleep, a waiting row
+    # with its wake time, not due), and as a wait for an event does (no time)
+    "100,000 jobs in a durable sleep": [
+        "INSERT INTO postjob.postjobs (workflow, queue, status) "
+        "SELECT 'cost.w', 'q', 'sleep' FROM generate_series(1, 100000)",
+        "UPDATE postjob.waiting SET run_at = now() + interval '1 day' WHERE status = 'sleep'"],
+    "100,000 jobs waiting for an event": [
+        "INSERT INTO postjob.postjobs (workflow, queue, status) "
+        "SELECT 'cost.w', 'q', 'sleep' FROM generate_series(1, 100000)",
+        "INSERT INTO postjob.event_waits (job_id, seq, key) "
+        "SELECT job_id, 1, 'key-' || job_id FROM postjob.waiting WHERE status = 'sleep'"],
     "a queue not served": [
         "INSERT INTO postjob.postjobs (workflow, queue, priority, next_run_at) "
         "SELECT 'cost.w', 'elsewhere', 10, now() - interval '2 hours' "

@@ -1,8 +1,9 @@
 """Revision pj0008 on a live pj0007 database holding jobs in every state, limits and a
 schedule: what waits, runs and holds a key is carried into the new tables, the pj0007
 release's calls keep working on the new schema (its workers are served: oldest_served_code is
-pj0007), this code runs everything to its end, and the downgrade gives back pj0007 exactly,
-with what is left consistent for pj0007's code."""
+pj0007), this code runs everything to its end (durable steps, sleeps and events too), and the
+downgrade gives back pj0007 exactly (the durable tables and the trace context go), with what is
+left consistent for pj0007's code."""
 
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ def work(x: int) -> int:
 @postjob_sa.workflow(name="m8.parent", registry=reg)
 def parent() -> list[Any]:
     return [work.spawn(1).result(), postjob_sa.manual("approve").result()]
+
+
+@postjob_sa.workflow(name="m8.durable", registry=reg)
+def durable(key: str) -> list[Any]:
+    """pj0008's durable steps, sleeps and events, on a database upgraded from pj0007."""
+    charged = postjob_sa.step("charge", lambda: 42)
+    postjob_sa.sleep(0)
+    return [charged, postjob_sa.wait_for_event(key)]
 
 
 #: pj0007's checkout and cycle, as that release's code calls them.
@@ -162,6 +171,22 @@ def test_pj0008_carries_live_pj0007_data_over_serves_its_code_and_downgrades_exa
         assert _one(conn, "SELECT count(*) FROM postjob.waiting") == 0
         assert _one(conn, "SELECT count(*) FROM postjob.leases") == 0
 
+    with Session(live) as s:  # durable workflows work on the upgraded database
+        q = JobQueue(s, registry=reg, fast_mode=True)
+        durable_id = q.enqueue(durable, "m8-key").id
+        s.commit()
+        q.drain()
+        assert _one(s.connection(), "SELECT status::text FROM postjob.postjobs WHERE id = :d",
+                    d=durable_id) == "sleep"
+        q.emit_event("m8-key", "shipped")
+        s.commit()
+        q.drain()
+        assert _one(s.connection(), "SELECT results FROM postjob.postjobs WHERE id = :d",
+                    d=durable_id) == [[42, "shipped"]]
+        assert _one(s.connection(), "SELECT count(*) FROM postjob.steps WHERE job_id = :d",
+                    d=durable_id) == 3
+        s.commit()
+
     # back down with work in flight again: a running job and a due one
     with Session(live) as s:
         q = JobQueue(s, registry=reg)
@@ -179,3 +204,11 @@ def test_pj0008_carries_live_pj0007_data_over_serves_its_code_and_downgrades_exa
     postjob_sa.migrate(live, "pj0008")  # and up again
     with live.connect() as conn:
         assert conn.execute(VERSION).scalar_one() == "pj0008"
+    with Session(live) as s:  # with empty durable tables, in use at once
+        q = JobQueue(s, registry=reg, fast_mode=True)
+        q.emit_event("m8-again", "back")
+        again = q.enqueue(durable, "m8-again").id
+        s.commit()
+        q.drain()
+        assert _one(s.connection(), "SELECT results FROM postjob.postjobs WHERE id = :d",
+                    d=again) == [[42, "back"]]

@@ -91,11 +91,15 @@ def test_a_granted_role_enqueues_and_works_but_cannot_change_the_schema(
             q = JobQueue(s)
             q.enqueue("rel.record", 2)
             q.enqueue("rel.parent", 3, 0.0)
+            q.emit_event("granted", "yes")  # and durable workflows: events, steps, sleeps
+            q.enqueue("dur.waiter", "granted")
+            q.enqueue("dur.nap", 0)
             s.commit()
-        proc = workers(as_role, "--fast", "--batch", "2")
+        proc = workers(as_role, "--fast", "--batch", "2", "--import", "tests.durable.durable_app")
         wait_for(lambda: scalar(engine, "SELECT count(*) FILTER (WHERE status = 'ok') = count(*) "
                                         "FROM postjob.postjobs"), 20, "every job ok")
-        assert scalar(engine, "SELECT count(*) FROM postjob.postjobs") == 4  # 3 + a child
+        assert scalar(engine, "SELECT count(*) FROM postjob.postjobs") == 6  # 5 + a child
+        assert scalar(engine, "SELECT count(*) FROM postjob.steps") == 3
         listing = postjob("ps", "--json", "--tags", "by:cli", url=url_string(as_role))
         assert [j["status"] for j in json.loads(listing.stdout)["jobs"]] == ["ok"]
         assert postjob("reap", url=url_string(as_role)).returncode == 0

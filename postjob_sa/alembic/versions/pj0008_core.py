@@ -14,7 +14,8 @@ jobs run get a row each in ``postjob.leases``; a limited queue's places and star
 (``postjob.queue_slots``, ``postjob.queue_starts``) that a checkout locks one by one. The
 status indexes of ``postjob.postjobs`` go (an ordinary run's two updates become HOT updates),
 and its unique key is held by a column its run's end clears. The retry delay comes from the
-worker (the workflow's back-off). ``oldest_served_code`` becomes pj0007: the functions that
+worker (the workflow's back-off). Durable workflows get their tables (``postjob.steps``,
+``postjob.events``, ``postjob.event_waits``) and a job its trace context. ``oldest_served_code`` becomes pj0007: the functions that
 release calls keep their signatures (``postjob_sa/sql/compat.sql``); the ones of older releases
 go.
 
@@ -89,6 +90,37 @@ CREATE TABLE postjob.queue_starts (
   PRIMARY KEY (queue, n)
 );
 CREATE INDEX queue_starts_oldest_idx ON postjob.queue_starts (queue, started_at NULLS FIRST);
+
+ALTER TABLE postjob.postjobs ADD COLUMN IF NOT EXISTS trace_context jsonb;
+CREATE TABLE postjob.steps (
+  job_id         bigint NOT NULL,
+  kind           varchar NOT NULL,
+  name           varchar NOT NULL,
+  digest         varchar,
+  result         jsonb,
+  error          varchar,
+  error_message  varchar,
+  wake_at        timestamptz,
+  created_at     timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (job_id, kind, name),
+  CONSTRAINT steps_kind CHECK (kind IN ('step', 'sleep', 'event'))
+);
+CREATE TABLE postjob.events (
+  id          bigserial PRIMARY KEY,
+  key         varchar NOT NULL,
+  payload     jsonb,
+  created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX events_key_idx ON postjob.events (key, id);
+CREATE TABLE postjob.event_waits (
+  job_id      bigint NOT NULL,
+  seq         integer NOT NULL,
+  key         varchar NOT NULL,
+  timeout_at  timestamptz,
+  created_at  timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (job_id, seq, key)
+);
+CREATE INDEX event_waits_key_idx ON postjob.event_waits (key);
 """
 
 # Everything waits while the triggers change and what waits and runs is copied (a short
@@ -131,7 +163,9 @@ BEGIN
       AND grantee <> current_user AND grantee <> 'PUBLIC'
   LOOP
     EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.waiting, '
-                   'postjob.leases, postjob.queue_slots, postjob.queue_starts TO %I', v_role);
+                   'postjob.leases, postjob.queue_slots, postjob.queue_starts, postjob.steps, '
+                   'postjob.events, postjob.event_waits TO %I', v_role);
+    EXECUTE format('GRANT USAGE ON SEQUENCE postjob.events_id_seq TO %I', v_role);
   END LOOP;
 END
 $$
@@ -280,7 +314,15 @@ DROP FUNCTION postjob._jobs_removed();
 DROP FUNCTION postjob._jobs_truncated();
 DROP FUNCTION postjob._queue_permits();
 DROP FUNCTION postjob._permits_max();
+DROP FUNCTION postjob.record_step_v1(bigint, bigint, varchar, varchar, varchar, jsonb, varchar,
+                                     varchar, double precision, timestamptz);
+DROP FUNCTION postjob.wait_event_v1(bigint, bigint, integer, varchar, double precision);
+DROP FUNCTION postjob.emit_event_v1(varchar, jsonb);
 
+DROP TABLE postjob.event_waits;
+DROP TABLE postjob.events;
+DROP TABLE postjob.steps;
+ALTER TABLE postjob.postjobs DROP COLUMN trace_context;
 DROP TABLE postjob.queue_starts;
 DROP TABLE postjob.queue_slots;
 DROP TABLE postjob.leases;
