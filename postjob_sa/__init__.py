@@ -83,6 +83,8 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'postjob_sa' has no attribute {name!r}")
+    if home == "models":  # the schema is whole: the durable tables' models join metadata
+        importlib.import_module("postjob_sa.durable.models")
     value = getattr(importlib.import_module(f"postjob_sa.{home}"), name)
     globals()[name] = value  # found once, then a plain attribute
     return value
