@@ -84,9 +84,8 @@ class JobOperations:
         checked = [_validate.job_id(i) for i in ids]
         if not checked:
             raise InvalidArgument("reset needs at least one job id")
-        found: dict[int, str] = {
-            r.id: r.status for r in self.session.execute(_sql.JOBS_STATUS_LOCKED, {"ids": checked})
-        }
+        rows = self.session.execute(_sql.JOBS_STATUS_LOCKED, {"ids": checked}).all()
+        found: dict[int, str] = {r.id: r.status for r in rows}
         missing = [i for i in checked if i not in found]
         if missing:
             raise JobNotFound(f"no job has the id {', '.join(map(str, missing))}")
@@ -95,6 +94,13 @@ class JobOperations:
             raise InvalidJobState(
                 f"job {', '.join(map(str, running))} is running: reset it once it has finished "
                 "(or once its worker is gone and `postjob reap` has rescued it)"
+            )
+        going_on = [r.id for r in rows if r.run_goes_on]
+        if going_on:
+            raise InvalidJobState(
+                f"job {', '.join(map(str, going_on))} was ended while its run went on, and that "
+                "run has not stopped yet: reset it once it has (its worker notices within a "
+                "heartbeat)"
             )
         # A job whose unique key a newer unfinished job holds cannot hold it again: the unique
         # index (or the function, PJ002) refuses. A savepoint keeps the caller's transaction

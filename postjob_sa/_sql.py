@@ -18,7 +18,13 @@ WORKER_REGISTER = (
     "%(revision)s::varchar, %(workflows)s::text[], %(queues)s::text[])"
 )
 
-WORKER_UNREGISTER = "SELECT postjob.unregister_worker(%(worker_id)s::bigint)"
+#: A stopping worker's last word: the leases of the runs it ended since its last cycle end
+#: with it (left, they would outlive the runs until they expired, and reset would skip those
+#: jobs as maybe still running).
+WORKER_UNREGISTER = (
+    "WITH ended AS (DELETE FROM postjob.leases l WHERE l.token = ANY(%(done)s::bigint[])) "
+    "SELECT postjob.unregister_worker(%(worker_id)s::bigint)"
+)
 
 #: The held jobs that are no longer this worker's; NULL when the worker's row is gone.
 WORKER_HEARTBEAT = (
@@ -184,9 +190,11 @@ JOB_ENQUEUE_MANY = text(
 JOB_EXISTS = text("SELECT status::text FROM postjob.postjobs WHERE id = :id")
 
 #: The statuses of these jobs, locked for an operator's change (reset).
+#: The jobs to reset, locked: their status, and whether a run of theirs may still execute (the
+#: job was ended from outside while it ran, and that run's lease has not ended).
 JOBS_STATUS_LOCKED = text(
-    "SELECT id, status::text AS status FROM postjob.postjobs "
-    "WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id FOR UPDATE"
+    "SELECT id, status::text AS status, postjob._run_may_be_executing(id) AS run_goes_on "
+    "FROM postjob.postjobs WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id FOR UPDATE"
 )
 
 #: The jobs checked out, in the order handed out: their ids first (see JobQueue.checkout),

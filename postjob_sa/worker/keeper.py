@@ -127,7 +127,8 @@ class Keeper:
         if self.worker_id is None or conn is None or conn.closed:
             return  # the row expires by itself
         try:
-            conn.scalar(_sql.WORKER_UNREGISTER, {"worker_id": self.worker_id})
+            conn.scalar(_sql.WORKER_UNREGISTER, {"worker_id": self.worker_id,
+                                                 "done": list(self.held.take_ended())})
         except Exception as exc:
             if schema_error(exc) is None:  # with the schema gone there is no row to remove
                 log.warning("could not unregister the worker (its row expires by itself): %s",
