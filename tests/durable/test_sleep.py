@@ -4,7 +4,6 @@ what ran before it as a step does not run again."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -95,17 +94,20 @@ def test_force_ends_a_durable_sleep(side: Engine) -> None:
 
 
 def test_sleep_until_and_async_and_transactional_sleeps(side: Engine) -> None:
-    when = (datetime.now(UTC) + timedelta(seconds=0.3)).isoformat()
-    ids = [_enqueue(side, durable_app.nap_until, when), _enqueue(side, durable_app.nap_async, 0.3)]
-    tx = _enqueue(side, durable_app.nap_tx, 0.3)
+    # 3 s: long enough that a loaded machine still finds each job asleep on its first run
+    when = (datetime.now(UTC) + timedelta(seconds=3)).isoformat()
+    ids = [_enqueue(side, durable_app.nap_until, when), _enqueue(side, durable_app.nap_async, 3)]
+    tx = _enqueue(side, durable_app.nap_tx, 3)
     _drain(side)
     _drain(side, transactional=True)
     assert [job(side, j)["status"] for j in [*ids, tx]] == ["sleep"] * 3
-    time.sleep(0.4)
-    for _ in range(3):
+
+    def all_woke() -> bool:
         _drain(side)
         _drain(side, transactional=True)
-    assert [job(side, j)["results"] for j in [*ids, tx]] == [["woke"]] * 3
+        return [job(side, j)["results"] for j in [*ids, tx]] == [["woke"]] * 3
+
+    wait_until(all_woke, 20, "all three woken")
     assert [len(steps(side, j)) for j in [*ids, tx]] == [1, 1, 1]  # tx: committed with it
 
 
