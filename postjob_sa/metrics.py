@@ -27,18 +27,22 @@ from postjob_sa.errors import InvalidArgument
 
 log = logging.getLogger("postjob_sa.metrics")
 
-#: Per queue: the jobs due now and how long the oldest of them has waited, and the jobs
-#: running. Both branches read partial indexes of unfinished jobs only (never the finished
-#: ones), and a statement timeout bounds them on a huge backlog.
+#: Per queue: the jobs due now and how long the oldest of them has been due, the manual steps
+#: waiting for their token (apart: no worker can do them), and the jobs running. It reads the
+#: narrow tables of unfinished work only (postjob.waiting, postjob.leases), never a finished
+#: job, and a statement timeout bounds it on a huge backlog.
 QUEUE_STATS = text(
-    "SELECT queue, count(*) AS waiting, "
-    "EXTRACT(EPOCH FROM statement_timestamp() - min(next_run_at))::float8 AS oldest, "
-    "0::bigint AS running "
-    "FROM postjob.postjobs WHERE status IN ('ready', 'err') "
-    "AND next_run_at <= statement_timestamp() GROUP BY queue "
+    "SELECT queue, "
+    "count(*) FILTER (WHERE workflow <> '__manual__' AND run_at <= statement_timestamp()) "
+    "AS waiting, "
+    "COALESCE(EXTRACT(EPOCH FROM statement_timestamp() - min(run_at) FILTER ("
+    "WHERE workflow <> '__manual__' AND run_at <= statement_timestamp())), 0)::float8 AS oldest, "
+    "count(*) FILTER (WHERE workflow = '__manual__') AS manual, 0::bigint AS running "
+    "FROM postjob.waiting GROUP BY queue "
     "UNION ALL "
-    "SELECT queue, 0, 0.0, count(*) FROM postjob.postjobs WHERE status = 'processing' "
-    "GROUP BY queue"
+    "SELECT j.queue, 0, 0.0, 0, count(*) FROM postjob.leases l "
+    "JOIN postjob.postjobs j ON j.id = ANY (l.job_ids) AND j.lease_token = l.token "
+    "GROUP BY j.queue"
 )
 STATEMENT_TIMEOUT_SET = text("SELECT set_config('statement_timeout', :ms, true)")
 
@@ -46,9 +50,10 @@ STATEMENT_TIMEOUT_SET = text("SELECT set_config('statement_timeout', :ms, true)"
 class QueueStats(NamedTuple):
     """One queue as last sampled."""
 
-    waiting: int  # ready or err, due now
+    waiting: int  # due now (ready, err, or a sleep whose time has come), manual steps apart
     oldest_waiting: float  # seconds the longest-waiting of them has been due
     running: int  # processing
+    manual: int = 0  # manual steps waiting for their token
 
 
 def _library() -> Any:
@@ -97,7 +102,8 @@ class PostjobCollector:
                 old = queues.get(row.queue, QueueStats(0, 0.0, 0))
                 queues[row.queue] = QueueStats(old.waiting + int(row.waiting),
                                                max(old.oldest_waiting, float(row.oldest)),
-                                               old.running + int(row.running))
+                                               old.running + int(row.running),
+                                               old.manual + int(row.manual))
             conn.rollback()
         self.queues = queues
         self.sampled_at = time.time()
@@ -129,22 +135,28 @@ class PostjobCollector:
             return
         core = self._prometheus.metrics_core
         waiting = core.GaugeMetricFamily(
-            "postjob_queue_waiting", "Jobs due now and not running (ready or err), per queue.",
+            "postjob_queue_waiting",
+            "Jobs due now and not running, per queue (manual steps are counted apart).",
             labels=["queue"])
         oldest = core.GaugeMetricFamily(
             "postjob_queue_oldest_waiting_seconds",
             "How long the longest-waiting due job of each queue has been due.", labels=["queue"])
         running = core.GaugeMetricFamily(
             "postjob_queue_running", "Jobs running (processing), per queue.", labels=["queue"])
+        manual = core.GaugeMetricFamily(
+            "postjob_queue_manual_steps",
+            "Manual steps waiting for their token, per queue (no worker can do them).",
+            labels=["queue"])
         for queue, stats in sorted(self.queues.items()):
             waiting.add_metric([queue], stats.waiting)
             oldest.add_metric([queue], stats.oldest_waiting)
             running.add_metric([queue], stats.running)
+            manual.add_metric([queue], stats.manual)
         sampled = core.GaugeMetricFamily(
             "postjob_queue_sampled_timestamp_seconds",
             "When the queue metrics were sampled (Unix time; 0 before the first sample).")
         sampled.add_metric([], self.sampled_at or 0.0)
-        yield from (waiting, oldest, running, sampled)
+        yield from (waiting, oldest, running, manual, sampled)
 
 
 def serve(port: int, collector: PostjobCollector, *, addr: str = "0.0.0.0",

@@ -93,3 +93,8 @@ def backdate(engine: Engine, seconds: float) -> None:
                  "WHERE status IN ('ready', 'err')"),
             {"s": seconds},
         )
+        conn.execute(  # what checkout and the overview read: the waiting rows
+            text("UPDATE postjob.waiting SET run_at = run_at - make_interval(secs => :s) "
+                 "WHERE run_at IS NOT NULL"),
+            {"s": seconds},
+        )

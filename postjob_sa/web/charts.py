@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MINUTES = 60
-STACK = ("ok", "failed", "timeout")  # bottom to top
+STACK = ("ok", "failed", "timeout", "cancelled")  # the final states, bottom to top
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ that run them. Values travel as bound parameters only; optional filters are
 
 What serves each statement at 1,000,000 jobs (bench/web.py measures it):
 
-* ready/err jobs: ``postjobs_runnable_idx``; processing jobs: ``postjobs_lease_idx``;
-* sleeping, failed, timed-out and ok jobs: ``postjobs_settled_idx`` (status, updated_at)
-  including the queue, so counts and the throughput of the last hour are index-only scans;
+* waiting jobs (ready, err, sleep, manual steps): the narrow ``postjob.waiting`` table, which
+  holds nothing else; running jobs: ``postjob.leases`` and the primary key;
+* failed, timed-out and cancelled jobs: ``postjobs_errors_idx`` (each of them has an error);
+* the throughput of the last hour reads the jobs table (no index is kept per finished job for
+  it: the hot path would pay for it on every job);
 * ok jobs are counted up to :data:`OK_COUNT_CAP` and estimated beyond it;
 * lists page by id (keyset, newest first) inside a bounded window of ids, so a filter that
   matches nothing still reads at most :data:`LIST_WINDOW` rows per page;
@@ -45,17 +47,20 @@ DB_NOW = text("SELECT now()")
 
 # -- overview --------------------------------------------------------------------------------
 
-#: Jobs per queue and status except ok, each branch on its own partial index.
+#: Jobs per queue and status except ok: the waiting ones (ready, err, sleep) from
+#: postjob.waiting, the running ones through their leases (a lease row whose jobs have ended
+#: goes with its worker's next cycle; a job's lease_token is cleared when it ends), the ones that ended badly through
+#: postjobs_errors_idx (each of them carries an error).
 QUEUE_STATUS_COUNTS = text(
     "SELECT queue, status::text AS status, count(*) AS jobs, "
-    "count(*) FILTER (WHERE next_run_at <= now()) AS due "
-    "FROM postjob.postjobs WHERE status IN ('ready', 'err') GROUP BY 1, 2 "
+    "count(*) FILTER (WHERE run_at <= now()) AS due "
+    "FROM postjob.waiting GROUP BY 1, 2 "
     "UNION ALL "
-    "SELECT queue, 'processing', count(*), 0 FROM postjob.postjobs "
-    "WHERE status = 'processing' GROUP BY 1 "
+    "SELECT j.queue, 'processing', count(*), 0 FROM postjob.leases l "
+    "JOIN postjob.postjobs j ON j.id = ANY (l.job_ids) AND j.lease_token = l.token GROUP BY 1 "
     "UNION ALL "
     "SELECT queue, status::text, count(*), 0 FROM postjob.postjobs "
-    "WHERE status IN ('sleep', 'failed', 'timeout') GROUP BY 1, 2"
+    "WHERE error IS NOT NULL AND status IN ('failed', 'timeout', 'cancelled') GROUP BY 1, 2"
 )
 
 #: ok jobs, counted up to :cap.
@@ -73,31 +78,30 @@ JOBS_ESTIMATE = text(
 THROUGHPUT_LAST_HOUR = text(
     "SELECT floor(extract(epoch FROM now() - updated_at) / 60)::int AS minutes_ago, "
     "queue, status::text AS status, count(*) AS jobs FROM postjob.postjobs "
-    "WHERE status IN ('ok', 'failed', 'timeout') AND updated_at > now() - interval '60 minutes' "
+    "WHERE status IN ('ok', 'failed', 'timeout', 'cancelled') AND updated_at > now() - interval '60 minutes' "
     "GROUP BY 1, 2, 3"
 )
 
-#: Per queue (of :queues), the job that has been due the longest: one walk of
-#: postjobs_runnable_idx per queue, in due order. Manual steps wait for a person instead.
+#: Per queue (of :queues), the job that has been due the longest (postjob.waiting holds only
+#: the jobs that wait, so this reads no finished job). Manual steps wait for a person instead.
 QUEUE_OLDEST_DUE = text(
     "SELECT o.queue, o.id, o.workflow, o.status, o.next_run_at "
     "FROM unnest(CAST(:queues AS text[])) AS q(name) CROSS JOIN LATERAL ("
-    "  SELECT s.queue, s.id, s.workflow, s.status::text AS status, s.next_run_at "
-    "  FROM postjob.postjobs s WHERE s.status IN ('ready', 'err') AND s.queue = q.name "
-    "  AND s.next_run_at <= now() AND s.workflow <> '__manual__' "
-    "  ORDER BY s.next_run_at, s.id LIMIT 1) o ORDER BY o.queue"
+    "  SELECT w.queue, w.job_id AS id, w.workflow, w.status::text AS status, "
+    "  w.run_at AS next_run_at FROM postjob.waiting w WHERE w.queue = q.name "
+    "  AND w.run_at <= now() AND w.workflow <> '__manual__' "
+    "  ORDER BY w.run_at, w.job_id LIMIT 1) o ORDER BY o.queue"
 )
 
 #: Manual steps waiting for their token, oldest first.
 MANUAL_STEPS_OPEN = text(
-    "SELECT id, root_id, args, created_at FROM postjob.postjobs "
-    "WHERE status IN ('ready', 'err') AND workflow = '__manual__' "
-    "ORDER BY next_run_at, id LIMIT :limit"
+    "SELECT j.id, j.root_id, j.args, j.created_at FROM postjob.waiting w "
+    "JOIN postjob.postjobs j ON j.id = w.job_id WHERE w.workflow = '__manual__' "
+    "ORDER BY w.job_id LIMIT :limit"
 )
 
 MANUAL_STEPS_OPEN_COUNT = text(
-    "SELECT count(*) FROM postjob.postjobs "
-    "WHERE status IN ('ready', 'err') AND workflow = '__manual__'"
+    "SELECT count(*) FROM postjob.waiting WHERE workflow = '__manual__'"
 )
 
 #: Worker connections: a worker names its connection "postjob worker host:pid".
@@ -117,23 +121,25 @@ WORKERS_REGISTERED = text(
 
 #: What each worker holds now, by the identifier it checked the jobs out under.
 WORKERS_BUSY = text(
-    "SELECT COALESCE(processing_client_identifier, processing_client, '?') AS identifier, "
-    "count(*) AS jobs, min(processing_started_at) AS since, "
-    "min(lease_expires_at) AS lease_expires_at FROM postjob.postjobs "
-    "WHERE status = 'processing' GROUP BY 1 ORDER BY 1"
+    "SELECT COALESCE(j.processing_client_identifier, j.processing_client, '?') AS identifier, "
+    "count(*) AS jobs, min(j.processing_started_at) AS since, "
+    "min(l.expires_at) AS lease_expires_at FROM postjob.leases l "
+    "JOIN postjob.postjobs j ON j.id = ANY (l.job_ids) AND j.lease_token = l.token "
+    "GROUP BY 1 ORDER BY 1"
 )
 
 #: Jobs no running worker seems able to run: due for longer than :grace seconds while no
-#: job of the same workflow (and version) is being processed. Grouped, oldest first.
+#: job of the same workflow (and version) is running. Grouped, oldest first.
 JOBS_STRANDED = text(
     "SELECT s.queue, s.workflow, s.workflow_version, count(*) AS jobs, "
-    "min(s.next_run_at) AS due_since, min(s.id) AS example_id FROM postjob.postjobs s "
-    "WHERE s.status IN ('ready', 'err') AND s.workflow <> '__manual__' "
-    "AND s.next_run_at <= now() - make_interval(secs => :grace) "
-    "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs p WHERE p.status = 'processing' "
-    "  AND p.workflow = s.workflow "
-    "  AND (s.workflow_version = '' OR p.workflow_version = s.workflow_version)) "
-    "GROUP BY 1, 2, 3 ORDER BY min(s.next_run_at) LIMIT :limit"
+    "min(s.run_at) AS due_since, min(s.job_id) AS example_id FROM postjob.waiting s "
+    "WHERE s.workflow <> '__manual__' "
+    "AND s.run_at <= now() - make_interval(secs => :grace) "
+    "AND NOT EXISTS (SELECT 1 FROM postjob.leases l "
+    "  JOIN postjob.postjobs j ON j.id = ANY (l.job_ids) AND j.lease_token = l.token "
+    "  WHERE j.workflow = s.workflow "
+    "  AND (s.workflow_version = '' OR j.workflow_version = s.workflow_version)) "
+    "GROUP BY 1, 2, 3 ORDER BY min(s.run_at) LIMIT :limit"
 )
 
 # -- jobs list -------------------------------------------------------------------------------

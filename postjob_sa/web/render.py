@@ -11,14 +11,24 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from postjob_sa.models import Status
+
+from .charts import STACK
+
 #: Longest JSON document shown in full on a job's page.
 JSON_LIMIT = 64_000
 
+#: What the pages call each state (every state of the enum; a test checks it).
 STATUS_LABELS = {
-    "ready": "ready", "processing": "processing", "sleep": "sleeping", "err": "retrying",
-    "failed": "failed", "timeout": "timed out", "ok": "ok", "cancelled": "cancelled",
+    Status.ready.value: "ready", Status.processing.value: "processing",
+    Status.sleep.value: "sleeping", Status.err.value: "retrying", Status.failed.value: "failed",
+    Status.timeout.value: "timed out", Status.cancelled.value: "cancelled", Status.ok.value: "ok",
 }
-STATUS_ORDER = ("ready", "processing", "err", "sleep", "failed", "timeout", "ok")
+#: The order the pages list the states in: as a job passes through them, the final ones
+#: last and ok at the very end (the overview shows ok apart). Every state of the enum.
+STATUS_ORDER = tuple(s.value for s in (
+    Status.ready, Status.processing, Status.err, Status.sleep,
+    Status.failed, Status.timeout, Status.cancelled, Status.ok))
 
 
 def pretty_json(value: Any) -> str:
@@ -77,7 +87,7 @@ def environment() -> jinja2.Environment:
     env.filters.update(
         json=pretty_json, iso=iso, utc=utc, number=number, seconds=seconds, tags=tags_text,
     )
-    env.globals.update(STATUS_LABELS=STATUS_LABELS, STATUS_ORDER=STATUS_ORDER)
+    env.globals.update(STATUS_LABELS=STATUS_LABELS, STATUS_ORDER=STATUS_ORDER, STACK=STACK)
     return env
 
 

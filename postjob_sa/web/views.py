@@ -111,7 +111,7 @@ def overview(conn: Connection, settings: Settings) -> Screen:
         "Overview",
         fragments={
             "queues": ("fragments/queues.html", {
-                "lines": lines, "total": total, "ok": ok, "columns": STATUS_ORDER[:-1],
+                "lines": lines, "total": total, "ok": ok, "columns": [s for s in STATUS_ORDER if s != "ok"],
             }),
             "throughput": ("fragments/throughput.html", {"chart": throughput_chart(flow)}),
             "waiting": ("fragments/waiting.html", {

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 from sqlalchemy import Engine, text
 
 from postjob_sa import Status
@@ -54,8 +53,6 @@ def test_the_state_diagram_draws_every_state_of_the_enum() -> None:
     assert {s.value for s in UNFINISHED} <= leaves  # every unfinished state goes somewhere
 
 
-@pytest.mark.xfail(strict=True, reason="the dashboard's queries leave 'cancelled' out (issue 24 "
-                   "item 15): fixed where they move to the new tables")
 def test_every_status_list_in_the_code_is_a_group_of_the_enum() -> None:
     stray = []
     for path in SOURCES:

@@ -11,7 +11,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from werkzeug.test import Client, TestResponse
 
-from postjob_sa import InvalidArgument, JobQueue
+from postjob_sa import InvalidArgument, JobQueue, Status
 from postjob_sa.web import create_app, queries
 from tests.conftest import end_by_hand
 from tests.web_data import XSS, Seeded, backdate, noop, seed
@@ -64,6 +64,27 @@ def test_overview_counts_queues_workers_and_waiting(client: Client, seeded: Seed
     assert "approve order" in page  # the manual step waits for a token
     # due, but not for a minute yet: not stranded
     assert "web.nobody_runs_this" not in page[page.index('data-fragment="stranded"'):]
+
+
+def test_the_overview_has_a_column_for_every_state_of_the_enum(client: Client, engine: Engine,
+                                                              clean: None) -> None:
+    """Issue 24 item 15: the columns come from Status (ok apart, as the last hour's count),
+    and a queue whose jobs were all cancelled is listed with them."""
+    with Session(engine) as s:
+        job_id = JobQueue(s).enqueue(noop, queue="called-off").id
+        s.commit()
+        JobQueue(s).cancel(job_id)
+        s.commit()
+    page = body(client.get("/"))
+    counts = page[page.index('data-fragment="queues"'):page.index('data-fragment="throughput"')]
+    head = re.findall(r'<th class="num"><span class="dot st-(\w+)">', counts)
+    assert sorted(head) == sorted(s.value for s in Status)
+    assert head[-1] == Status.ok.value  # "ok, last hour"
+    row = counts[counts.index(">called-off<"):counts.index("</tr>", counts.index(">called-off<"))]
+    cells = re.findall(r'<td class="num">(.*?)</td>', row, re.S)
+    assert re.search(r">1</a>", cells[1 + head.index("cancelled")])  # after "due now"
+    legend = page[page.index('class="legend"'):]
+    assert "cancelled" in legend[:legend.index("</p>")]  # the last hour's chart has it too
 
 
 def test_overview_lists_jobs_no_running_worker_runs(client: Client, seeded: Seeded, engine: Engine) -> None:

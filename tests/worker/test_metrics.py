@@ -45,6 +45,11 @@ def flaky(value: int) -> int:
     return value
 
 
+@postjob_sa.workflow(name="met.approval", registry=registry)
+def approval(value: int) -> object:
+    return postjob_sa.manual("approve", value).result()
+
+
 @postjob_sa.workflow(name="met.tx", registry=registry, transactional=True)
 def tx(session: Session, value: int) -> int:
     return value
@@ -83,6 +88,23 @@ def test_a_host_registers_the_collector_in_its_own_registry(session: Session) ->
         assert _value(reg, "postjob_queue_waiting", queue="waiting") == 2
         assert _value(reg, "postjob_queue_oldest_waiting_seconds", queue="waiting") >= 0
         assert _value(reg, "postjob_queue_sampled_timestamp_seconds") > 0
+    finally:
+        collector.close()
+
+
+def test_manual_steps_are_counted_apart_never_as_waiting_work(session: Session) -> None:
+    """Issue 24 item 13: a step waiting for a person's token is not work a worker could do,
+    so the alert on waiting work does not fire for a pending approval."""
+    reg = CollectorRegistry()
+    collector = PostjobCollector(session.get_bind(), interval=3600)  # type: ignore[arg-type]
+    reg.register(collector)
+    try:
+        _enqueue(session, "met.approval", 1, queue="approvals")
+        JobQueue(session, fast_mode=True, registry=registry).drain()
+        collector.refresh()
+        assert _value(reg, "postjob_queue_waiting", queue="approvals") == 0
+        assert _value(reg, "postjob_queue_oldest_waiting_seconds", queue="approvals") == 0
+        assert _value(reg, "postjob_queue_manual_steps", queue="approvals") == 1
     finally:
         collector.close()
 
