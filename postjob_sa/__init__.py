@@ -77,9 +77,15 @@ _HOMES = {
 }
 
 
+#: The package's public modules: ``postjob_sa.<module>`` imports one on first use, as it did
+#: when the package imported them all (host revisions use ``postjob_sa.migrations``).
+_MODULES = frozenset({"async_queue", "context", "durable", "errors", "metrics", "migrations",
+                      "models", "queue", "registry", "testing", "web"})
+
+
 def __getattr__(name: str) -> Any:
-    if name == "migrations":  # a module: host revisions import it (it imports Alembic)
-        return importlib.import_module("postjob_sa.migrations")
+    if name in _MODULES:
+        return importlib.import_module(f"postjob_sa.{name}")
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'postjob_sa' has no attribute {name!r}")

@@ -59,6 +59,16 @@ def test_every_public_name_is_the_one_its_module_defines() -> None:
         postjob_sa.nope  # noqa: B018
 
 
+def test_a_submodule_is_an_attribute_of_the_package_before_anyone_imports_it() -> None:
+    """``postjob_sa.registry.default_registry`` worked while the package imported everything;
+    the lazy names must not break it (the bench's adapter did exactly this)."""
+    code = ("import postjob_sa\n"
+            "assert postjob_sa.registry.default_registry is not None\n"
+            "assert postjob_sa.models.Job.__tablename__ == 'postjobs'\n"
+            "assert postjob_sa.errors.InvalidArgument is postjob_sa.InvalidArgument\n")
+    assert _imported_after(code) == []
+
+
 @pytest.mark.parametrize("name", sorted(cli.COMMANDS))
 def test_the_help_summaries_are_the_commands_own(name: str) -> None:
     command = cli.cli.get_command(click.Context(cli.cli), name)
