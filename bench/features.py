@@ -12,9 +12,10 @@ the table throughout:
   scheduled for tomorrow at a higher priority than every due one (the jobs a naive index
   would walk past);
 * **drain throughput**: ``--workers`` processes drain ``--jobs`` no-op jobs of the queue
-  ``free`` (batches of 100); once alone, once with 2,000 due jobs of a queue limited to 2
-  processing at once beside them (same workflow, due earlier). The figure is free jobs per
-  second, from the start until the last free job is ok.
+  ``free`` (batches of 100): once alone; once with the features in use, each job at one of ten
+  priorities and with a unique key of its own; and once with those and 2,000 due jobs of a
+  queue limited to 2 processing at once beside them (same workflow, due earlier). The figure
+  is free jobs per second, from the start until the last free job is ok.
 
 ``--part checkout`` or ``--part drain`` runs one half; ``--priority-zero-only`` leaves out what
 needs pj0004 (priorities, the limited queue), so the same script measures the code before
@@ -132,22 +133,26 @@ def main() -> int:
         results[f"checkout 100 jobs, {label} (us)"] = _median_us(lambda: checkout(100), 200)
 
     ctx = multiprocessing.get_context("spawn")
-    for beside in (False,) if opts.priority_zero_only else (False, True):
-        if opts.part == "checkout":
+    drains = {"plain": "alone", "keyed": "with 10 priorities and unique keys",
+              "beside": "with 10 priorities, unique keys and a limited queue beside"}
+    for config, label in drains.items():
+        if opts.part == "checkout" or (opts.priority_zero_only and config != "plain"):
             break
+        beside = config == "beside"
         cur.execute("DELETE FROM postjob.postjobs WHERE status <> 'ok'")
-        if beside:
-            cur.execute("DELETE FROM postjob.queue_limits")
+        cur.execute("DELETE FROM postjob.queue_limits")
         if beside:
             cur.execute("INSERT INTO postjob.queue_limits (queue, concurrency) VALUES ('limited', 2)")
             cur.execute(
                 "INSERT INTO postjob.postjobs (workflow, queue, next_run_at) "
                 "SELECT 'noop', 'limited', now() - interval '1 minute' "
                 "FROM generate_series(1, 2000)")
+        keyed = ", g %% 10, 'key-' || g" if config != "plain" else ""
         cur.execute(
-            "INSERT INTO postjob.postjobs (workflow, queue, args, next_run_at) "
-            f"SELECT 'noop', 'free', jsonb_build_array(g), {due} FROM generate_series(1, %s) g",
-            (opts.jobs,))
+            "INSERT INTO postjob.postjobs (workflow, queue, args, next_run_at"
+            f"{', priority, unique_key' if keyed else ''}) "
+            f"SELECT 'noop', 'free', jsonb_build_array(g), {due}{keyed} "
+            "FROM generate_series(1, %s) g", (opts.jobs,))
         cur.execute("VACUUM ANALYZE postjob.postjobs")
         cur.execute("VACUUM ANALYZE postjob.waiting")
         start = ctx.Event()
@@ -158,13 +163,13 @@ def main() -> int:
         t0 = time.perf_counter()
         start.set()
         while True:
-            # through the runnable and processing indexes: a scan of the finished jobs here
+            # the narrow tables of unfinished work only: a scan of the finished jobs here
             # (a parallel seq scan of 1,000,000 rows, ~100 ms on three cores) took the CPU
             # the workers were being measured on
             cur.execute(
-                "SELECT (SELECT count(*) FROM postjob.postjobs WHERE workflow = 'noop' "
-                "AND status IN ('ready', 'err') AND queue = 'free') + (SELECT count(*) "
-                "FROM postjob.postjobs WHERE status = 'processing' AND queue = 'free')")
+                "SELECT (SELECT count(*) FROM postjob.waiting WHERE queue = 'free') + "
+                "(SELECT count(*) FROM postjob.leases l JOIN postjob.postjobs j "
+                "ON j.id = ANY (l.job_ids) AND j.lease_token = l.token WHERE j.queue = 'free')")
             if cur.fetchone()[0] == 0:  # type: ignore[index]
                 break
             time.sleep(0.02)
@@ -172,7 +177,6 @@ def main() -> int:
         for p in procs:
             p.terminate()
             p.join()
-        label = "with a limited queue beside" if beside else "alone"
         results[f"drain of {opts.jobs} free jobs, {label} (jobs/s)"] = opts.jobs / elapsed
     conn.close()
     width = max(len(k) for k in results)

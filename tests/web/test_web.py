@@ -14,7 +14,7 @@ from werkzeug.test import Client, TestResponse
 from postjob_sa import InvalidArgument, JobQueue, Status
 from postjob_sa.web import create_app, queries
 from tests.conftest import end_by_hand
-from tests.web_data import XSS, Seeded, backdate, noop, seed
+from tests.web_data import XSS, Seeded, backdate, noop, order, seed
 
 TOKEN = "correct horse battery"
 
@@ -85,6 +85,23 @@ def test_the_overview_has_a_column_for_every_state_of_the_enum(client: Client, e
     assert re.search(r">1</a>", cells[1 + head.index("cancelled")])  # after "due now"
     legend = page[page.index('class="legend"'):]
     assert "cancelled" in legend[:legend.index("</p>")]  # the last hour's chart has it too
+
+
+def test_a_pending_manual_step_is_not_due_work(client: Client, engine: Engine, clean: None) -> None:
+    """Issue 26: with only a manual step pending, the overview showed "due now 1" beside "every
+    due job is being taken up". A step waits for a person's token, not for a worker."""
+    with Session(engine) as s:
+        root = JobQueue(s).enqueue(order, 7).id
+        s.commit()
+        JobQueue(s, fast_mode=True).drain()
+    assert status_of(engine, root) == "sleep"
+    page = body(client.get("/"))
+    counts = page[page.index('data-fragment="queues"'):page.index('data-fragment="throughput"')]
+    row = counts[counts.index(">q<"):counts.index("</tr>", counts.index(">q<"))]
+    due_now = re.findall(r'<td class="num">(.*?)</td>', row, re.S)[0]
+    assert due_now.strip() == ""
+    waiting = page[page.index('data-fragment="waiting"'):page.index('data-fragment="workers"')]
+    assert "No job is waiting for a worker." in waiting and "approve order" in waiting
 
 
 def test_overview_lists_jobs_no_running_worker_runs(client: Client, seeded: Seeded, engine: Engine) -> None:
