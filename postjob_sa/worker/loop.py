@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from postjob_sa import _metrics, _sql
+from postjob_sa import _metrics
 from postjob_sa._db import Conn, close_quietly
 from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
 from postjob_sa.context import RunningJob, _RunContext
@@ -39,10 +39,6 @@ from postjob_sa.worker.unknown import UnknownWorkflows
 from postjob_sa.worker.wakeup import choose_waker
 
 log = logging.getLogger("postjob_sa.worker")
-
-#: How often a transactional worker makes due its jobs whose time has come (its idle waits do
-#: too).
-PROMOTE_INTERVAL = 0.05
 
 
 class Worker:
@@ -93,7 +89,6 @@ class Worker:
         self.idle = Idle(waker=self.waker, keeper=self.keeper, scheduler=self.scheduler,
                          stopper=self.stopper, unknown=self.unknown, params=self._idle_params)
         self._backlog = False  # the last checkout filled every free slot
-        self._promoted_at = float("-inf")
 
     @property
     def stop_requested(self) -> bool:
@@ -180,7 +175,7 @@ class Worker:
                 assert self.conn is not None
                 self.keeper.beat_if_due(self.conn)
                 self.scheduler.tick_if_due(self.conn)
-                did = self._transactional_step() if self.tx_pairs[0] else 0
+                did = self._transactional_step(self.conn) if self.tx_pairs[0] else 0
                 if self.lease_pairs[0] and not self._done():
                     did += self._fill_slots() if self.slots else self._lease_batch()
                 outages.passed()
@@ -369,29 +364,16 @@ class Worker:
                 self.keeper.beat_if_due(self.conn)
 
     def _hand_back_running(self) -> None:
-        if self.slots is not None:
-            jobs = self.slots.abandon()
-            if jobs:
-                log.warning("handing back %d running job(s)", len(jobs))
+        jobs = self.slots.abandon() if self.slots is not None else []
+        if jobs:
+            log.warning("handing back %d running job(s)", len(jobs))
             self._release(jobs)
 
     # -- transactional mode ------------------------------------------------------------------
 
-    def _promote_transactional(self) -> None:
-        """Make due the transactional jobs whose time has come, now and then, on the loop's own
-        connection: inside a job's transaction the rows it makes due would stay locked for as
-        long as the job runs."""
-        now = time.monotonic()
-        if now - self._promoted_at < PROMOTE_INTERVAL:
-            return
-        assert self.conn is not None
-        self.conn.scalar(_sql.WORKER_PROMOTE, {"workflows": self.tx_pairs[0],
-                                               "versions": self.tx_pairs[1]})
-        self._promoted_at = now
-
-    def _transactional_step(self) -> int:
+    def _transactional_step(self, conn: Conn) -> int:
         did = 0
-        self._promote_transactional()
+        self.tx_runner.promote_if_due(conn, self.tx_pairs)
         for (names, versions), is_async in ((self.tx_pairs_sync, False), (self.tx_pairs_async, True)):
             if not names or self._done():
                 continue

@@ -11,6 +11,7 @@ checkout) or nothing of the run commits.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -27,6 +28,9 @@ from postjob_sa.worker.executor import Outcome, error_name, outcome_params, run_
 from postjob_sa.worker.recorder import log_outcome, recorded_status
 
 log = logging.getLogger("postjob_sa.worker")
+#: How often a transactional worker makes due its jobs whose time has come (its idle waits do
+#: too).
+PROMOTE_INTERVAL = 0.05
 _UNDONE = ("the run undid the worker's transaction (did the workflow run ROLLBACK or COMMIT "
            "on the connection itself?)")
 
@@ -43,6 +47,17 @@ class TransactionalRunner:
         self.lease = lease
         self.fast_mode = fast_mode
         self._async: AsyncEngine | None = None
+        self._promoted_at = float("-inf")
+
+    def promote_if_due(self, conn: Conn, pairs: tuple[list[str], list[str]]) -> None:
+        """Make due the jobs of ``pairs`` whose time has come, now and then, on the worker
+        loop's own connection ``conn``: inside a job's transaction the rows it makes due would
+        stay locked for as long as the job runs."""
+        now = time.monotonic()
+        if now - self._promoted_at < PROMOTE_INTERVAL:
+            return
+        conn.scalar(_sql.WORKER_PROMOTE, {"workflows": pairs[0], "versions": pairs[1]})
+        self._promoted_at = now
 
     def step(self, checkout: dict[str, Any]) -> int | None:
         """Run one job; its id once its outcome is committed, None if none was due."""
