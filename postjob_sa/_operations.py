@@ -80,7 +80,8 @@ class JobOperations:
     def reset(self, *ids: int) -> list[int]:
         """Make these jobs (and their failed or timed-out descendants) ready again, attempts
         and errors cleared, with a fresh deadline. Returns the ids reset. A running job is
-        refused (InvalidJobState): it would run twice at once."""
+        refused (InvalidJobState): it would run twice at once; so is a job cancelled while its
+        run goes on, until that run has stopped."""
         checked = [_validate.job_id(i) for i in ids]
         if not checked:
             raise InvalidArgument("reset needs at least one job id")
