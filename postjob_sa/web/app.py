@@ -73,6 +73,7 @@ class Dashboard:
         self.settings = settings
         self.templates = render.environment()
         self.assets = Assets()
+        self.throughput = views.Reused()  # the overview's last hour, read now and then
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         request = Request(environ)
@@ -159,7 +160,7 @@ class Dashboard:
         return self.render_screen(request, urls, screen, now)
 
     def on_overview(self, request: Request, urls: MapAdapter) -> Response:
-        return self._screen(request, urls, views.overview, self.settings)
+        return self._screen(request, urls, views.overview, self.settings, self.throughput)
 
     def on_jobs(self, request: Request, urls: MapAdapter) -> Response:
         wanted = request.args.get("id", "").strip().lstrip("#")

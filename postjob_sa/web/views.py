@@ -3,6 +3,9 @@ a layout plus named fragments; the page script refreshes the fragments on their 
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -41,6 +44,26 @@ class Settings:
 
 
 # -- overview --------------------------------------------------------------------------------
+
+#: Seconds the last hour's throughput is reused for: it reads the jobs table (no index is kept
+#: per finished job for it, the hot path would pay on every job), and it is counted by minute.
+THROUGHPUT_REUSED_FOR = 15.0
+
+
+class Reused:
+    """A value read at most once every ``seconds``, shared by one dashboard's requests."""
+
+    def __init__(self, seconds: float = THROUGHPUT_REUSED_FOR):
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._read_at = float("-inf")
+        self._value: Any = None
+
+    def get(self, read: Callable[[], Any]) -> Any:
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.seconds:
+                self._value, self._read_at = read(), time.monotonic()
+            return self._value
 
 
 @dataclass
@@ -98,10 +121,10 @@ def _worker_lines(registered: list[q.Row], connected: list[q.Row], busy: list[q.
     return sorted(lines.values(), key=lambda w: w.identifier)
 
 
-def overview(conn: Connection, settings: Settings) -> Screen:
+def overview(conn: Connection, settings: Settings, throughput: Reused) -> Screen:
     counts = q.queue_status_counts(conn)
     ok = q.ok_count(conn, sum(int(r.jobs) for r in counts))
-    flow = q.throughput(conn)
+    flow: list[q.Row] = throughput.get(lambda: q.throughput(conn))
     lines, total = _queue_lines(counts, flow)
     workers = _worker_lines(q.workers_registered(conn), q.workers_connected(conn), q.workers_busy(conn))
     manual_count, manual = q.manual_steps(conn)

@@ -104,6 +104,23 @@ def test_a_pending_manual_step_is_not_due_work(client: Client, engine: Engine, c
     assert "No job is waiting for a worker." in waiting and "approve order" in waiting
 
 
+def test_the_last_hour_is_read_once_per_window_not_on_every_refresh(engine: Engine,
+                                                                   seeded: Seeded) -> None:
+    """The throughput of the last hour scans the jobs table (no index is kept per finished
+    job for it): a dashboard reuses it for a while instead of reading it on every refresh."""
+    app = create_app(engine)
+    client = Client(app)
+    legend = re.compile(r'st-ok"></span>ok ([\d,]+)')
+    (before,) = legend.findall(body(client.get("/")))
+    with Session(engine) as s:
+        JobQueue(s).enqueue(noop)
+        s.commit()
+        assert JobQueue(s, fast_mode=True).drain() == 1
+    assert legend.findall(body(client.get("/"))) == [before]  # reused
+    app.throughput.seconds = 0  # the window is over
+    assert legend.findall(body(client.get("/"))) == [str(int(before) + 1)]
+
+
 def test_overview_lists_jobs_no_running_worker_runs(client: Client, seeded: Seeded, engine: Engine) -> None:
     backdate(engine, 120)
     stranded = body(client.get("/")).split('data-fragment="stranded"', 1)[1]
