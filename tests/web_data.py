@@ -4,6 +4,7 @@ workflow no worker knows."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,11 +79,27 @@ def seed(engine: Engine) -> Seeded:
     for r in rows:
         by_workflow.setdefault(r.workflow, []).append(r)
     manual_row = by_workflow["__manual__"][0]
+    _workers_gone(engine)
     return Seeded(
         order=root, pack=by_workflow["web.pack"][0].id,
         labels=[r.id for r in by_workflow["web.label"]], manual=manual_row.id,
         token=manual_row.token, failed=failed, xss=xss, stranded=stranded,
     )
+
+
+def _workers_gone(engine: Engine, timeout: float = 10.0) -> None:
+    """Wait until the drain's worker connection has left pg_stat_activity: a backend is listed
+    for a moment after its client closed it, and the overview counts it as a worker up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with engine.connect() as conn:
+            left = conn.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name LIKE 'postjob worker %'")).scalar_one()
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"{left} worker connection(s) still open"
+        time.sleep(0.02)
 
 
 def backdate(engine: Engine, seconds: float) -> None:
