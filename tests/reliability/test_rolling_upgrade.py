@@ -262,7 +262,9 @@ def test_migrating_under_workers_of_the_released_code_loses_no_job_and_runs_none
                 assert did == ["start", "end"], (j, did)
             else:
                 child = children[int(j["id"])]
-                assert did in ([f"spawned {child['id']}"], [f"spawned {child['id']}"] * 2), (j, did)
+                assert did in ([f"spawned {child['id']}"], [f"spawned {child['id']}"] * 2), (
+                    j, runs.get(int(j["id"])), child, runs.get(int(child["id"])), migrated_at,
+                    [p.pid for p in old], [p.pid for p in new])  # who ran what, to tell why
                 assert j["results"] == [j["args"][0] * 10 + 1]
 
         # the released workers worked before and after the migration, and this code's too
