@@ -22,45 +22,41 @@ def sleep(seconds: float) -> None:
     """Sleep ``seconds`` without holding a worker: the job's run ends here (no process busy,
     no lease held), the job runs again when the time has come, and then this call returns.
     Code before it runs again; use :func:`step` for what must not."""
-    wake_in = _seconds(seconds)
-    ctx, memo = _memo.running()
-    name = memo.next_ordinal(SLEEP)
-    stored = _memo.load(ctx, memo).get(SLEEP, name)
-    if stored is None:
-        stored = _memo.record(ctx, memo, SLEEP, name, wake_in=wake_in)
-    _wait(stored)
+    _sleep(wake_in=_seconds(seconds))
 
 
 def sleep_until(when: datetime) -> None:
     """:func:`sleep` until ``when`` (a timezone-aware datetime)."""
-    wake_at = _when(when)
-    ctx, memo = _memo.running()
-    name = memo.next_ordinal(SLEEP)
-    stored = _memo.load(ctx, memo).get(SLEEP, name)
-    if stored is None:
-        stored = _memo.record(ctx, memo, SLEEP, name, wake_at=wake_at)
-    _wait(stored)
+    _sleep(wake_at=_when(when))
 
 
 async def sleep_async(seconds: float) -> None:
     """:func:`sleep` in an ``async def`` workflow."""
-    wake_in = _seconds(seconds)
-    ctx, memo = _memo.running()
-    name = memo.next_ordinal(SLEEP)
-    stored = (await _memo.load_async(ctx, memo)).get(SLEEP, name)
-    if stored is None:
-        stored = await _memo.record_async(ctx, memo, SLEEP, name, wake_in=wake_in)
-    _wait(stored)
+    await _sleep_async(wake_in=_seconds(seconds))
 
 
 async def sleep_until_async(when: datetime) -> None:
     """:func:`sleep_until` in an ``async def`` workflow."""
-    wake_at = _when(when)
+    await _sleep_async(wake_at=_when(when))
+
+
+def _sleep(*, wake_in: float | None = None, wake_at: datetime | None = None) -> None:
+    """The run's next sleep: stored once (with ``wake_in`` or ``wake_at``), then waited."""
+    ctx, memo = _memo.running()
+    name = memo.next_ordinal(SLEEP)
+    stored = _memo.load(ctx, memo).get(SLEEP, name)
+    if stored is None:
+        stored = _memo.record(ctx, memo, SLEEP, name, wake_in=wake_in, wake_at=wake_at)
+    _wait(stored)
+
+
+async def _sleep_async(*, wake_in: float | None = None,
+                       wake_at: datetime | None = None) -> None:
     ctx, memo = _memo.running()
     name = memo.next_ordinal(SLEEP)
     stored = (await _memo.load_async(ctx, memo)).get(SLEEP, name)
     if stored is None:
-        stored = await _memo.record_async(ctx, memo, SLEEP, name, wake_at=wake_at)
+        stored = await _memo.record_async(ctx, memo, SLEEP, name, wake_in=wake_in, wake_at=wake_at)
     _wait(stored)
 
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
 
-from postjob_sa import Registry
+from postjob_sa import JobQueue, Registry
 from postjob_sa.registry import default_registry
 from postjob_sa.worker.loop import Worker
 from postjob_sa.worker.options import WorkerOptions
@@ -95,3 +96,20 @@ def status_is(engine: Engine, job_id: int, status: str) -> Callable[[], bool]:
 
 
 
+
+
+def enqueue(engine: Engine, workflow: object, *args: object) -> int:
+    """Enqueue one job and commit; its id."""
+    with Session(engine) as s:
+        job_id = JobQueue(s).enqueue(workflow, *args).id  # type: ignore[arg-type]
+        s.commit()
+    return int(job_id)
+
+
+def drain(engine: Engine, *, transactional: bool = False) -> int:
+    """Run what is due now in this process (fast mode): lease mode's drain, or one
+    transactional step."""
+    with Session(engine) as s:
+        if transactional:
+            return 1 if JobQueue(s, fast_mode=True).step(transactional=True) else 0
+        return JobQueue(s, fast_mode=True).drain()

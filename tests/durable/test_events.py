@@ -16,6 +16,8 @@ from postjob_sa import InvalidArgument, JobQueue
 from tests.durable import durable_app
 from tests.durable.conftest import (
     BackgroundWorker,
+    drain,
+    enqueue,
     job,
     records,
     status_is,
@@ -25,20 +27,6 @@ from tests.durable.conftest import (
 )
 
 pytestmark = pytest.mark.both_drivers
-
-
-def _enqueue(engine: Engine, workflow: object, *args: object) -> int:
-    with Session(engine) as s:
-        job_id = JobQueue(s).enqueue(workflow, *args).id  # type: ignore[arg-type]
-        s.commit()
-    return int(job_id)
-
-
-def _drain(engine: Engine, *, transactional: bool = False) -> int:
-    with Session(engine) as s:
-        if transactional:
-            return 1 if JobQueue(s, fast_mode=True).step(transactional=True) else 0
-        return JobQueue(s, fast_mode=True).drain()
 
 
 def _emit(engine: Engine, key: str, payload: Any = None, *, commit: bool = True) -> int:
@@ -54,7 +42,7 @@ def _events(engine: Engine) -> int:
 
 
 def test_an_emits_commit_wakes_its_waiter(side: Engine) -> None:
-    job_id = _enqueue(side, durable_app.waiter, "order-1:shipped")
+    job_id = enqueue(side, durable_app.waiter, "order-1:shipped")
     with BackgroundWorker(side):
         wait_until(status_is(side, job_id, "sleep"), 10, "waiting")
         row = waiting(side, job_id)
@@ -75,36 +63,36 @@ def test_an_emits_commit_wakes_its_waiter(side: Engine) -> None:
 
 
 def test_a_rolled_back_emit_wakes_no_one(side: Engine) -> None:
-    job_id = _enqueue(side, durable_app.waiter, "k")
-    _drain(side)
+    job_id = enqueue(side, durable_app.waiter, "k")
+    drain(side)
     _emit(side, "k", 1, commit=False)
-    _drain(side)
+    drain(side)
     assert job(side, job_id)["status"] == "sleep"
     assert waiting(side, job_id) == {"status": "sleep", "run_at": None, "due": False}
     assert _events(side) == 0
     _emit(side, "k", 2)
-    _drain(side)
+    drain(side)
     assert job(side, job_id)["results"] == [2]
 
 
 def test_an_event_emitted_before_the_wait_counts_and_the_first_wins(side: Engine) -> None:
     _emit(side, "early", "first")
     _emit(side, "early", "second")
-    ids = [_enqueue(side, durable_app.waiter, "early"),
-           _enqueue(side, durable_app.waiter_async, "early"),
-           _enqueue(side, durable_app.waiter_tx, "early")]
-    _drain(side)
-    _drain(side, transactional=True)
+    ids = [enqueue(side, durable_app.waiter, "early"),
+           enqueue(side, durable_app.waiter_async, "early"),
+           enqueue(side, durable_app.waiter_tx, "early")]
+    drain(side)
+    drain(side, transactional=True)
     assert [job(side, j)["results"] for j in ids] == [["first"]] * 3
 
 
 def test_a_timeout_is_raised_and_caught(side: Engine) -> None:
-    job_id = _enqueue(side, durable_app.waiter, "never", 0.3)
-    _drain(side)
+    job_id = enqueue(side, durable_app.waiter, "never", 0.3)
+    drain(side)
     row = waiting(side, job_id)
     assert row is not None and row["run_at"] is not None and not row["due"]
     time.sleep(0.35)
-    _drain(side)
+    drain(side)
     assert job(side, job_id)["results"] == ["timeout"]
     assert steps(side, job_id)[0]["error"] == "EventTimeout"
 
@@ -112,23 +100,23 @@ def test_a_timeout_is_raised_and_caught(side: Engine) -> None:
 def test_a_caught_timeout_is_replayed_though_the_event_came_later(side: Engine) -> None:
     """The memo of a timeout: the run after the sleep takes the timeout branch again, though
     the event is there by then."""
-    job_id = _enqueue(side, durable_app.wait_then_nap, "late", 0.2, 0.5)
-    _drain(side)  # waits
+    job_id = enqueue(side, durable_app.wait_then_nap, "late", 0.2, 0.5)
+    drain(side)  # waits
     time.sleep(0.25)
-    _drain(side)  # times out, sleeps
+    drain(side)  # times out, sleeps
     assert job(side, job_id)["status"] == "sleep"
     _emit(side, "late", "too late")
     time.sleep(0.55)
-    _drain(side)
+    drain(side)
     assert job(side, job_id)["results"] == ["timed out"]
 
 
 def test_a_transactional_waiter_is_woken(side: Engine) -> None:
-    job_id = _enqueue(side, durable_app.waiter_tx, "tx-key")
-    _drain(side, transactional=True)
+    job_id = enqueue(side, durable_app.waiter_tx, "tx-key")
+    drain(side, transactional=True)
     assert job(side, job_id)["status"] == "sleep"
     _emit(side, "tx-key", [1, 2])
-    _drain(side, transactional=True)
+    drain(side, transactional=True)
     assert job(side, job_id)["results"] == [[1, 2]]
 
 
@@ -137,7 +125,7 @@ def test_a_wait_beside_an_uncommitted_emit_is_not_lost(side: Engine) -> None:
     event (not committed: they see none) and would record their waits, which that emit,
     having looked already, never sees: a lost wake-up, unless a wait waits for the emit on
     its key to end and then looks again."""
-    waiters = [_enqueue(side, durable_app.waiter, "held") for _ in range(3)]
+    waiters = [enqueue(side, durable_app.waiter, "held") for _ in range(3)]
     with BackgroundWorker(side, concurrency=3), Session(side) as s:
         JobQueue(s).emit_event("held", "payload")
         time.sleep(1.0)  # the waiters run now, the emit not yet committed
@@ -151,9 +139,9 @@ def test_eight_emits_at_once_give_each_waiter_one_delivery(side: Engine) -> None
     """Eight threads emit under one key at the same moment, while some waiters sleep and
     others are just starting to wait: each waiter is delivered the first event, once, and is
     woken once (the first emit takes the waits; the others find none)."""
-    asleep = [_enqueue(side, durable_app.waiter, "burst") for _ in range(4)]
-    _drain(side)
-    starting = [_enqueue(side, durable_app.waiter, "burst") for _ in range(4)]
+    asleep = [enqueue(side, durable_app.waiter, "burst") for _ in range(4)]
+    drain(side)
+    starting = [enqueue(side, durable_app.waiter, "burst") for _ in range(4)]
     barrier = threading.Barrier(9)
     errors: list[BaseException] = []
 
@@ -204,8 +192,8 @@ def test_async_job_queue_emits_in_the_callers_transaction(side: Engine) -> None:
 
     from postjob_sa import AsyncJobQueue
 
-    job_id = _enqueue(side, durable_app.waiter, "async-key")
-    _drain(side)
+    job_id = enqueue(side, durable_app.waiter, "async-key")
+    drain(side)
 
     async def emit() -> None:
         engine = create_async_engine(side.url.set(drivername="postgresql+psycopg"))
@@ -219,7 +207,7 @@ def test_async_job_queue_emits_in_the_callers_transaction(side: Engine) -> None:
             await engine.dispose()
 
     asyncio.run(emit())
-    _drain(side)
+    drain(side)
     assert job(side, job_id)["results"] == ["committed"]
 
 
@@ -227,7 +215,7 @@ def test_an_emit_while_the_waiters_sleep_is_being_recorded_wakes_it(side: Engine
     """The waiter has recorded its wait and its sleep outcome is on its way (held back by a
     share lock of the test's on its row) when the emit comes: the emit waits for that sleep
     to be recorded, then finds its waiting row and makes it due."""
-    job_id = _enqueue(side, durable_app.waiter_paused, "racing", 0.5)
+    job_id = enqueue(side, durable_app.waiter_paused, "racing", 0.5)
 
     def count(sql: str) -> int:  # a transaction per look (activity is read once per one)
         with side.connect() as conn:

@@ -14,6 +14,8 @@ from postjob_sa import InvalidArgument, JobQueue
 from tests.durable import durable_app
 from tests.durable.conftest import (
     BackgroundWorker,
+    drain,
+    enqueue,
     job,
     records,
     status_is,
@@ -23,20 +25,6 @@ from tests.durable.conftest import (
 )
 
 pytestmark = pytest.mark.both_drivers
-
-
-def _enqueue(engine: Engine, workflow: object, *args: object) -> int:
-    with Session(engine) as s:
-        job_id = JobQueue(s).enqueue(workflow, *args).id  # type: ignore[arg-type]
-        s.commit()
-    return int(job_id)
-
-
-def _drain(engine: Engine, *, transactional: bool = False) -> int:
-    with Session(engine) as s:
-        if transactional:
-            return 1 if JobQueue(s, fast_mode=True).step(transactional=True) else 0
-        return JobQueue(s, fast_mode=True).drain()
 
 
 def _leases(engine: Engine) -> int:
@@ -49,7 +37,7 @@ def _leases(engine: Engine) -> int:
 
 
 def test_a_sleeping_job_holds_nothing_and_wakes_on_time(side: Engine) -> None:
-    job_id = _enqueue(side, durable_app.nap, 1.5)
+    job_id = enqueue(side, durable_app.nap, 1.5)
     with BackgroundWorker(side):
         wait_until(status_is(side, job_id, "sleep"), 10, "asleep")
         asleep = job(side, job_id)
@@ -69,42 +57,42 @@ def test_a_sleeping_job_holds_nothing_and_wakes_on_time(side: Engine) -> None:
 
 
 def test_a_rerun_before_the_time_sleeps_on_for_what_is_left(side: Engine) -> None:
-    job_id = _enqueue(side, durable_app.nap, 1.0)
-    _drain(side)
+    job_id = enqueue(side, durable_app.nap, 1.0)
+    drain(side)
     wake_at = [s["wake_at"] for s in steps(side, job_id) if s["kind"] == "sleep"]
     with Session(side) as s:
         JobQueue(s).reset(job_id)  # runs now: the sleep is not over
         s.commit()
-    _drain(side)
+    drain(side)
     assert job(side, job_id)["status"] == "sleep"
     assert [s["wake_at"] for s in steps(side, job_id) if s["kind"] == "sleep"] == wake_at
     assert job(side, job_id)["next_run_at"] >= wake_at[0]
     assert records(side, "charge", job_id) == 1
-    wait_until(lambda: (_drain(side), job(side, job_id)["status"] == "ok")[1], 10, "woken")
+    wait_until(lambda: (drain(side), job(side, job_id)["status"] == "ok")[1], 10, "woken")
 
 
 def test_force_ends_a_durable_sleep(side: Engine) -> None:
-    job_id = _enqueue(side, durable_app.nap, 3600)
-    _drain(side)
+    job_id = enqueue(side, durable_app.nap, 3600)
+    drain(side)
     with Session(side) as s:
         JobQueue(s).force(job_id)
         s.commit()
-    _drain(side)
+    drain(side)
     assert job(side, job_id)["results"] == ["woke"]
 
 
 def test_sleep_until_and_async_and_transactional_sleeps(side: Engine) -> None:
     # 3 s: long enough that a loaded machine still finds each job asleep on its first run
     when = (datetime.now(UTC) + timedelta(seconds=3)).isoformat()
-    ids = [_enqueue(side, durable_app.nap_until, when), _enqueue(side, durable_app.nap_async, 3)]
-    tx = _enqueue(side, durable_app.nap_tx, 3)
-    _drain(side)
-    _drain(side, transactional=True)
+    ids = [enqueue(side, durable_app.nap_until, when), enqueue(side, durable_app.nap_async, 3)]
+    tx = enqueue(side, durable_app.nap_tx, 3)
+    drain(side)
+    drain(side, transactional=True)
     assert [job(side, j)["status"] for j in [*ids, tx]] == ["sleep"] * 3
 
     def all_woke() -> bool:
-        _drain(side)
-        _drain(side, transactional=True)
+        drain(side)
+        drain(side, transactional=True)
         return [job(side, j)["results"] for j in [*ids, tx]] == [["woke"]] * 3
 
     wait_until(all_woke, 20, "all three woken")
@@ -112,8 +100,8 @@ def test_sleep_until_and_async_and_transactional_sleeps(side: Engine) -> None:
 
 
 def test_a_sleep_of_zero_returns_at_once(side: Engine) -> None:
-    job_id = _enqueue(side, durable_app.nap, 0)
-    _drain(side)
+    job_id = enqueue(side, durable_app.nap, 0)
+    drain(side)
     assert job(side, job_id)["results"] == ["woke"]
 
 
