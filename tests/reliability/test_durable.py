@@ -124,7 +124,8 @@ def test_a_worker_killed_while_its_sleep_is_recorded_loses_nothing(
         sleeps = conn.execute(text("SELECT wake_at FROM postjob.steps WHERE job_id = :j "
                                    "AND kind = 'sleep'"), {"j": job_id}).scalars().all()
     assert sleeps == [wake_at]  # the same sleep, not a new one from the rescue
-    assert 0 <= (after - wake_at).total_seconds() < 1.5
+    # woken for its time, not by the 30 s idle cap (5 s: a loaded machine is slow, not that slow)
+    assert 0 <= (after - wake_at).total_seconds() < 5.0
     assert _count(engine, "charge", job_id) == 1
     report("durable: a worker killed while its sleep's outcome was recorded; the rescue slept "
            "to the stored wake time, charging nothing again")
