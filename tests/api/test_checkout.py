@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import Engine, text
@@ -174,3 +176,21 @@ def test_processing_rows_show_the_worker(session: Session) -> None:
     assert got.processing_started_at is not None and got.processing_max_duration == 60
     session.rollback()
     assert isinstance(job, Job)
+
+
+def test_a_checkout_in_the_callers_transaction_locks_only_the_job_it_hands_out(
+        engine: Engine, session: Session) -> None:
+    """Jobs whose time has come but that no worker has made due yet: the app's checkout takes
+    one and holds it until it commits; the others stay free for the workers meanwhile."""
+    q = _q(session)
+    soon = datetime.now(timezone.utc) + timedelta(seconds=0.3)
+    ids = [q.enqueue(a, i, run_at=soon).id for i in range(5)]
+    session.commit()
+    time.sleep(0.5)  # their time has come
+    (held,) = q.checkout()  # the app's transaction stays open
+    with Session(engine) as other:
+        other.execute(text("SET lock_timeout = '5s'"))  # a wait for the app fails, not hangs
+        ran = _q(other).drain()
+    assert ran == 4, f"a worker ran {ran} of the 4 jobs the app does not hold"
+    session.rollback()
+    assert held.id in ids

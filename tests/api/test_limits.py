@@ -329,3 +329,50 @@ def test_a_limited_queue_at_its_share_leaves_the_batch_to_the_others(session: Se
     session.commit()
     assert [job.id for job in q.checkout(limit=3)] == [best, *b[:2]]
     session.commit()
+
+
+RUN_GOES_ON = threading.Event()
+RUN_STARTED = threading.Event()
+
+
+@postjob_sa.workflow(name="fx.unaware", registry=reg)
+def unaware() -> str:
+    """A run that does not look at the database while it works (it learns of a cancel only at
+    its worker's next heartbeat, or when it ends)."""
+    RUN_STARTED.set()
+    assert RUN_GOES_ON.wait(30)
+    return "done"
+
+
+def test_a_cancelled_job_keeps_its_place_while_its_run_goes_on(engine: Engine, session: Session) -> None:
+    """Concurrency 1: the job that runs is cancelled; until its run has stopped, the next job
+    of the queue does not start (the limit holds, not 'at most 1 more for a heartbeat')."""
+    from postjob_sa.worker.loop import Worker
+    from postjob_sa.worker.options import WorkerOptions
+
+    RUN_GOES_ON.clear()
+    RUN_STARTED.clear()
+    q = _q(session)
+    q.set_queue_limits("one", concurrency=1)
+    running = q.enqueue(unaware, queue="one")
+    session.commit()
+    worker = Worker(engine, reg, WorkerOptions(fast_mode=True, handle_signals=False, lease=30,
+                                               count=1, workflows=["fx.unaware"]))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        assert RUN_STARTED.wait(30)
+        next_one = q.enqueue(slow, 0, queue="one")
+        q.cancel(running.id)
+        session.commit()
+        with Session(engine) as other:
+            assert _q(other).checkout(queues=["one"]) == [], \
+                "the next job started while the cancelled job's run goes on"
+            other.rollback()
+    finally:
+        RUN_GOES_ON.set()
+        thread.join(30)
+    assert not thread.is_alive()
+    with Session(engine) as other:  # the run has stopped: its place is free
+        assert [j.id for j in _q(other).checkout(queues=["one"])] == [next_one.id]
+        other.rollback()

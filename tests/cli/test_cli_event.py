@@ -59,6 +59,8 @@ def test_prune_deletes_old_events(cli: Any, engine: Engine) -> None:
     (["event", "emit", "k", "not json"], "PAYLOAD is not JSON"),
     (["event", "emit", ""], "an event key must be a non-empty string"),
     (["event", "prune", "--older-than", "soon"], "duration"),
+    (["event", "prune", "--older-than", "300000000d"], "at most"),
+    (["event", "prune", "--older-than", "1e300"], "at most"),
 ])
 def test_bad_input_is_one_line(cli: Any, engine: Engine, args: list[str], needle: str) -> None:
     assert_bad_input(cli(*args), needle)

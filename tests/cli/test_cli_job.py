@@ -82,6 +82,8 @@ def test_enqueue_with_import_takes_the_workflow_defaults(cli: Any, engine: Engin
         (["job", "resolve", "00000000-0000-0000-0000-000000000000", "{oops"], "RESULT is not JSON"),
         (["job", "resolve", "00000000-0000-0000-0000-000000000000"], "RESULT"),
         (["job", "prune", "--older-than", "3 weeks"], "not a --older-than duration"),
+        (["job", "prune", "--older-than", "300000000d"], "at most"),
+        (["job", "enqueue", "wf", "--timeout", "300000000d"], "at most"),
         (["job", "prune", "--older-than", "1d", "--status", "ready"], "unknown status 'ready'"),
         (["job", "prune"], "--older-than"),
         (["job", "nosuchcommand"], "No such command"),
