@@ -5,8 +5,8 @@ Revises: pj0007
 Create Date: 2026-12-01
 
 From here on, the current schema and every function body live in ``postjob_sa/sql/`` (one
-file per concern); this revision installs the function files as they are, and a revision
-that changes one later freezes this revision's copy in ``postjob_sa/sql/history/``.
+file per concern); this revision installs its copy of the function files, frozen in
+``postjob_sa/sql/history/pj0008/`` when pj0009 changed them.
 
 What changes: the jobs that wait (due now or later, for children, for a token) get a row each
 in ``postjob.waiting``, whose index of due jobs is all a checkout reads; the checkouts whose
@@ -249,7 +249,7 @@ def upgrade() -> None:
     # or waits for its locks longer than lock_timeout, is tried again
     own_transaction_retried(TABLES_UP)
     own_transaction_retried("\n;\n".join([LOCK_TIMEOUT, NO_BODY_CHECKS, TABLES_LOCKED,
-                                          *_sql_files.live_functions(), TRIGGERS_UP, GRANTS_UP,
+                                          *_sql_files.functions("pj0008"), TRIGGERS_UP, GRANTS_UP,
                                           COPY_UP]),
                             then_wait=1.0)
     index_step(*INDEXES_UP)
