@@ -14,6 +14,9 @@ from postjob_sa.errors import InvalidArgument
 MAX_ARGS_BYTES = 1 << 20  # 1 MiB of JSON per job's args
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_TIMEOUT_SECONDS = 366 * 24 * 3600.0
+#: The longest span any duration may be (how long to keep history, what to prune): a hundred
+#: years, well inside what a timestamp can take away from now.
+MAX_DURATION_SECONDS = 100 * 366 * 24 * 3600.0
 MAX_NAME_LENGTH = 200
 MAX_PRIORITY = 1_000_000
 

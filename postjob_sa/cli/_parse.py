@@ -69,8 +69,10 @@ def final_statuses(text: str | None) -> list[str]:
     return statuses(text, allowed=FINAL_STATUSES) or sorted(s.value for s in FINAL_STATUSES)
 
 
-def duration(text: str, what: str = "duration") -> float:
-    """``30d``, ``12h``, ``90m``, ``45s``, ``1h30m`` or a plain number of seconds."""
+def duration(text: str, what: str = "duration", *,
+             maximum: float = _validate.MAX_DURATION_SECONDS) -> float:
+    """``30d``, ``12h``, ``90m``, ``45s``, ``1h30m`` or a plain number of seconds, at most
+    ``maximum`` seconds."""
     value = text.strip()
     try:
         seconds = float(value)
@@ -88,6 +90,8 @@ def duration(text: str, what: str = "duration") -> float:
             ) from None
     if not seconds > 0 or seconds == float("inf"):
         raise InvalidArgument(f"the {what} must be more than 0 seconds, not {text!r}")
+    if seconds > maximum:
+        raise InvalidArgument(f"the {what} must be at most {maximum / 86400:g} days, not {text!r}")
     return seconds
 
 
