@@ -3,6 +3,7 @@ idempotent spawn, failure propagation, manual steps and tokens."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -331,6 +332,51 @@ def test_resolve_rejects_bad_tokens_and_leaves_the_session_usable(queue: JobQueu
     session.commit()
     queue.drain()
     assert result(session, parent) == {"got": "first"}
+
+
+def test_a_resolve_that_loses_the_race_is_refused_and_leaves_the_session_usable(
+        queue: JobQueue, session: Session) -> None:
+    """Two resolves of one token at once: the one whose look came before the other committed
+    waits for it in the database, then is refused as InvalidJobState (not a database error
+    that would end the caller's transaction)."""
+    parent = _run(queue, session, waits_for_manual, "race", None)
+    token = _token_of(session, parent)
+    session.commit()
+    engine = session.get_bind()
+    first = Session(engine)
+    JobQueue(first).resolve(token, "first")  # holds the job until it commits
+    outcome: list[BaseException | int] = []
+    second = Session(engine)
+
+    def resolve_second() -> None:
+        try:
+            outcome.append(JobQueue(second).resolve(token, "second"))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    racer = threading.Thread(target=resolve_second)
+    racer.start()
+    deadline = time.monotonic() + 10
+    while not _waits_for_a_lock(session) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    first.commit()
+    first.close()
+    racer.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], InvalidJobState), outcome
+    assert "already ok" in str(outcome[0])
+    assert second.execute(text("SELECT 1")).scalar_one() == 1  # still usable
+    second.rollback()
+    second.close()
+    queue.drain()
+    assert result(session, parent) == {"got": "first"}
+
+
+def _waits_for_a_lock(session: Session) -> bool:
+    found = session.execute(text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock'")).scalar_one()
+    session.rollback()
+    return bool(found)
 
 
 def test_token_of_a_normal_child_is_refused(queue: JobQueue, session: Session) -> None:
