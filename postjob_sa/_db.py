@@ -40,6 +40,10 @@ _TRANSIENT_STATES = {"40P01", "40001", "55P03"}
 #: program limit): the outcome that carried it is at fault, not the worker.
 _DATA_CLASSES = {"22", "23", "54"}
 
+#: What to do when a worker behind a pooler finds another default isolation level.
+POOLED_ISOLATION_ADVICE = ("set it to read committed for the worker's role (alter role ... set "
+                           "default_transaction_isolation = 'read committed')")
+
 
 class Failure(enum.Enum):
     """What a failed statement means for the worker."""
@@ -144,9 +148,13 @@ class Conn:
     def open(cls, engine: Engine, *, name: str | None = None, pooled: bool = False) -> Conn:
         """A new connection of the worker's own, made by the engine's pool and detached.
 
-        ``name`` shows in ``pg_stat_activity`` (a session setting, so not ``pooled``: behind a
-        pooler in transaction mode nothing may outlive a transaction, and psycopg 3 must not
-        prepare statements on the server either)."""
+        ``name`` shows in ``pg_stat_activity``. The worker's statements run at READ COMMITTED
+        whatever the database's default (its functions lock rows and then read them: at a
+        higher level a read would see a snapshot from before the lock). Both are session
+        settings, so not ``pooled``: behind a pooler in transaction mode nothing may outlive a
+        transaction (and psycopg 3 must not prepare statements on the server either); there a
+        default other than READ COMMITTED is refused (:class:`InvalidArgument`, with what to
+        run)."""
         driver = check_driver(engine)
         fairy = engine.raw_connection()
         fairy.detach()
@@ -159,12 +167,16 @@ class Conn:
             no_prepared_statements(raw, driver)
         else:
             conn.may_prepare = True
-        if not pooled and name is not None:
-            try:
-                conn.scalar(_sql.WORKER_NAME_SET, {"name": name})
-            except BaseException:
-                conn.close()
-                raise
+        try:
+            if not pooled:
+                conn.scalar(_sql.WORKER_SESSION_SET, {"name": name})
+            elif (level := conn.scalar(_sql.ISOLATION_LEVEL)) != "read committed":
+                raise InvalidArgument(
+                    f"the database's default_transaction_isolation is {level!r}, and a worker "
+                    "behind a pooler cannot set its own: " + POOLED_ISOLATION_ADVICE)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     @classmethod

@@ -18,13 +18,8 @@ WORKER_REGISTER = (
     "%(revision)s::varchar, %(workflows)s::text[], %(queues)s::text[])"
 )
 
-#: A stopping worker's last word: the leases of the runs it ended since its last cycle end
-#: with it (left, they would outlive the runs until they expired, and reset would skip those
-#: jobs as maybe still running).
-WORKER_UNREGISTER = (
-    "WITH ended AS (DELETE FROM postjob.leases l WHERE l.token = ANY(%(done)s::bigint[])) "
-    "SELECT postjob.unregister_worker(%(worker_id)s::bigint)"
-)
+#: A stopping worker's last word (after its last outcomes were recorded).
+WORKER_UNREGISTER = "SELECT postjob.unregister_worker(%(worker_id)s::bigint)"
 
 #: The held jobs that are no longer this worker's; NULL when the worker's row is gone.
 WORKER_HEARTBEAT = (
@@ -32,26 +27,47 @@ WORKER_HEARTBEAT = (
     "%(ids)s::bigint[], %(leases)s::bigint[])"
 )
 
-#: Record outcomes (the ok ones as arrays, the others as one JSON array: see
-#: postjob_sa/sql/outcomes.sql), release the leases whose jobs have all ended, reap and make
-#: due what has come due when asked, and check out the next jobs (rows of kind 'job', the
-#: columns of RunningJob after the kind): the whole cycle in one round trip. Rows of kind
-#: 'lost' name outcomes not recorded, 'woken' sleeps whose child had ended. The arrays come as
-#: text literals (see postjob_sa.worker.executor: cheaper to build than adapted lists).
+#: The worker's cycle, one round trip: record the outcomes (postjob.finish_v4, see
+#: postjob_sa/sql/outcomes.sql: the ok runs as arrays, every other outcome as an element of
+#: the other arrays, the runs that stopped without one; rows of kind 'lost': outcomes not
+#: recorded, 'woken': sleeps whose awaited child had ended), then check out the next jobs
+#: (rows of kind 'job'), reaping and making due first when asked. Two functions side by side
+#: in one statement (each one plpgsql level), the outcomes first. Arrays come as text
+#: literals (see postjob_sa.worker.executor: cheaper to build than adapted lists).
 WORKER_CYCLE = (
-    "SELECT kind, id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, "
-    "parent_id, attempt, max_attempts FROM postjob.worker_cycle_v3(%(worker_id)s::bigint, "
-    "%(identifier)s::varchar, %(ok_ids)s::bigint[], %(ok_tokens)s::bigint[], "
-    "%(ok_results)s::jsonb[], %(ok_versions)s::text[], %(outcomes)s::jsonb, "
-    "%(done)s::bigint[], %(workflows)s::text[], %(versions)s::text[], %(queues)s::text[], "
-    "%(limit)s::integer, %(lease)s::float8, %(reap)s::boolean, %(promote)s::boolean)"
+    "SELECT f.kind, f.id, NULL::bigint AS lease_token, NULL::varchar AS workflow, "
+    "NULL::varchar AS workflow_version, NULL::jsonb AS args, NULL::varchar AS queue, "
+    "NULL::bigint AS root_id, NULL::varchar AS full_id, NULL::bigint AS parent_id, "
+    "NULL::integer AS attempt, NULL::integer AS max_attempts FROM postjob.finish_v4("
+    "%(ok_ids)s::bigint[], %(ok_tokens)s::bigint[], %(ok_results)s::jsonb[], "
+    "%(ok_versions)s::text[], %(ids)s::bigint[], %(tokens)s::bigint[], %(kinds)s::text[], "
+    "%(errors)s::text[], %(messages)s::text[], %(backtraces)s::jsonb[], %(versions)s::text[], "
+    "%(awaiting)s::bigint[], %(delays)s::float8[], %(stopped)s::bigint[], "
+    "%(stopped_tokens)s::bigint[]) f "
+    "UNION ALL "
+    "SELECT 'job', c.id, c.lease_token, c.workflow, c.workflow_version, c.args, c.queue, "
+    "c.root_id, c.full_id, c.parent_id, c.attempt, c.max_attempts "
+    "FROM postjob.checkout_v4(%(worker_id)s::bigint, NULL, %(workflows)s::text[], "
+    "%(versions)s::text[], %(queues)s::text[], %(limit)s::integer, %(lease)s::float8, false, "
+    "%(reap)s::boolean, %(promote)s::boolean) c"
 )
 
-#: Before an idle wait: reap now and then, make due what has come due, and the seconds until
-#: there may be work (0 or less: now; NULL: nothing in sight).
+#: Outcomes only (a stopping worker's, or the keeper's flush while the loop is busy).
+WORKER_FINISH = (
+    "SELECT kind, id FROM postjob.finish_v4("
+    "%(ok_ids)s::bigint[], %(ok_tokens)s::bigint[], %(ok_results)s::jsonb[], "
+    "%(ok_versions)s::text[], %(ids)s::bigint[], %(tokens)s::bigint[], %(kinds)s::text[], "
+    "%(errors)s::text[], %(messages)s::text[], %(backtraces)s::jsonb[], %(versions)s::text[], "
+    "%(awaiting)s::bigint[], %(delays)s::float8[], %(stopped)s::bigint[], "
+    "%(stopped_tokens)s::bigint[])"
+)
+
+#: Before an idle wait: the worker marked waiting (when it listens on a channel of its own),
+#: reap now and then, make due what has come due, and the seconds until there may be work (0
+#: or less: now; NULL: nothing in sight).
 WORKER_IDLE = (
-    "SELECT postjob.worker_idle(%(workflows)s::text[], %(versions)s::text[], "
-    "%(queues)s::text[], %(reap)s::boolean)"
+    "SELECT postjob.worker_idle_v2(%(worker_id)s::bigint, %(workflows)s::text[], "
+    "%(versions)s::text[], %(queues)s::text[], %(reap)s::boolean)"
 )
 
 #: Make due the waiting jobs of these workflows whose time has come (a transactional worker,
@@ -60,17 +76,26 @@ WORKER_PROMOTE = "SELECT postjob._promote(%(workflows)s::text[], %(versions)s::t
 
 #: Why these runs lost their jobs: the jobs' statuses now.
 JOBS_STATUS_NOW = (
-    "SELECT id, status::text FROM postjob.postjobs WHERE id = ANY(%(ids)s::bigint[])"
+    "SELECT id, status::text FROM postjob.jobs WHERE id = ANY(%(ids)s::bigint[])"
 )
 
+#: Every worker hears this channel (a wake-up that found no worker waiting goes to all) ...
 WORKER_LISTEN = "LISTEN postjob_notifications"
+#: ... and one of its own (postjob._wake wakes the worker waiting longest on its channel).
+WORKER_LISTEN_OWN = "LISTEN postjob_worker_{worker_id:d}"
 #: The probe for a pooler in transaction mode (worker/pooler.py): a channel nobody notifies.
 POOLER_PROBE_LISTEN = "LISTEN postjob_pooler_probe"
 POOLER_PROBE_LISTENING = "SELECT 'postjob_pooler_probe' = ANY(ARRAY(SELECT pg_listening_channels()))"
 POOLER_PROBE_UNLISTEN = "UNLISTEN postjob_pooler_probe"
 
-#: How a worker's connections show in pg_stat_activity: "postjob worker host:pid".
-WORKER_NAME_SET = "SELECT set_config('application_name', %(name)s::text, false)"
+#: A worker's connection: its statements at READ COMMITTED whatever the database's default,
+#: and how it shows in pg_stat_activity ("postjob worker host:pid", when named).
+WORKER_SESSION_SET = (
+    "SELECT set_config('default_transaction_isolation', 'read committed', false), "
+    "CASE WHEN %(name)s::text IS NOT NULL "
+    "THEN set_config('application_name', %(name)s::text, false) END"
+)
+ISOLATION_LEVEL = "SHOW transaction_isolation"
 
 # -- the running job's context (the worker's connection, or the transactional job's) ----------
 
@@ -152,23 +177,47 @@ SCHEMA_OLDEST_SERVED = "SELECT postjob.oldest_served_code()"
 
 # -- the Session-bound API -------------------------------------------------------------------
 
-#: A job, or nothing when an unfinished job holds the unique key, or the parent has this child
-#: already (see JOB_BY_UNIQUE_KEY and JOB_CHILD_BY_KEY): ON CONFLICT, so a concurrent enqueue
-#: of the same key waits for the other transaction instead of failing, and the caller's
-#: transaction stays usable.
+#: A root job, queued by the same statement (its record and its row in postjob.unfinished:
+#: no trigger runs), or nothing when an unfinished job holds the unique key (see
+#: JOB_BY_UNIQUE_KEY): ON CONFLICT, so a concurrent enqueue of the same key waits for the
+#: other transaction instead of failing, and the caller's transaction stays usable.
 JOB_ENQUEUE = text(
+    "WITH n AS (SELECT nextval('postjob.postjobs_id_seq') AS id, "
+    "  COALESCE(CAST(:run_at AS timestamptz), statement_timestamp()) AS run_at, "
+    "  statement_timestamp() + CAST(:timeout AS float8) * interval '1 second' AS timing_out_at), "
+    "u AS (INSERT INTO postjob.unfinished (job_id, status, workflow, workflow_version, queue, "
+    "  priority, run_at, due, timing_out_at, unique_key) "
+    "  SELECT n.id, 'ready', :workflow, :version, :queue, :priority, n.run_at, "
+    "  n.run_at <= statement_timestamp(), n.timing_out_at, :unique_key FROM n "
+    "  ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING RETURNING job_id), "
+    "j AS (INSERT INTO postjob.postjobs (id, root_id, full_id, workflow, args, queue, "
+    "  max_attempts, timeout, timing_out_at, workflow_version, tags, next_run_at, priority, "
+    "  unique_key, unique_key_held, trace_context, queued) "
+    "  SELECT u.job_id, u.job_id, u.job_id::text, :workflow, CAST(:args AS jsonb), :queue, "
+    "  :max_attempts, :timeout, n.timing_out_at, :version, CAST(:tags AS jsonb), n.run_at, "
+    "  :priority, :unique_key, :unique_key IS NOT NULL, CAST(:trace_context AS jsonb), true "
+    "  FROM u, n RETURNING id) "
+    "SELECT j.id, postjob._wake(1) AS woken FROM j"
+)
+
+#: A child job (the parent's ids and trace context are the trigger's to fill in), or nothing
+#: when the parent has this child already (see JOB_CHILD_BY_KEY) or an unfinished job holds
+#: the unique key.
+JOB_ENQUEUE_CHILD = text(
     "INSERT INTO postjob.postjobs (workflow, args, queue, max_attempts, timeout, "
     "workflow_version, tags, parent_id, next_run_at, priority, unique_key, trace_context) "
-    "VALUES (:workflow, CAST(:args AS jsonb), :queue, :max_attempts, :timeout, :version, "
+    "SELECT :workflow, CAST(:args AS jsonb), :queue, :max_attempts, :timeout, :version, "
     "CAST(:tags AS jsonb), :parent_id, COALESCE(CAST(:run_at AS timestamptz), now()), "
-    ":priority, :unique_key, CAST(:trace_context AS jsonb)) "
+    ":priority, :unique_key, CAST(:trace_context AS jsonb) "
+    "WHERE CAST(:unique_key AS varchar) IS NULL OR NOT EXISTS ("
+    "  SELECT 1 FROM postjob.unfinished WHERE unique_key = CAST(:unique_key AS varchar)) "
     "ON CONFLICT DO NOTHING "
     "RETURNING id, root_id, full_id"
 )
 
 #: The unfinished job that holds a unique key.
 JOB_BY_UNIQUE_KEY = text(
-    "SELECT id FROM postjob.postjobs WHERE unique_key = :unique_key AND unique_key_held"
+    "SELECT job_id FROM postjob.unfinished WHERE unique_key = :unique_key"
 )
 
 JOB_CHILD_BY_KEY = text(
@@ -176,52 +225,60 @@ JOB_CHILD_BY_KEY = text(
     "AND workflow_method = 'run' AND md5(args::text) = md5(CAST(:args AS jsonb)::text)"
 )
 
+#: Root jobs, one per element of :args, queued by the same statement.
 JOB_ENQUEUE_MANY = text(
-    "INSERT INTO postjob.postjobs (id, root_id, full_id, queue, workflow, workflow_version, "
-    "args, tags, max_attempts, timeout, next_run_at, priority, trace_context) "
-    "SELECT n.id, n.id, n.id::text, :queue, :workflow, :version, n.args, "
-    "CAST(:tags AS jsonb), :max_attempts, :timeout, COALESCE(CAST(:run_at AS timestamptz), now()), "
-    ":priority, CAST(:trace_context AS jsonb) "
-    "FROM (SELECT nextval('postjob.postjobs_id_seq') AS id, a.args, a.ord "
-    "      FROM jsonb_array_elements(CAST(:args AS jsonb)) WITH ORDINALITY AS a(args, ord)) n "
-    "ORDER BY n.ord RETURNING id"
+    "WITH n AS (SELECT nextval('postjob.postjobs_id_seq') AS id, a.args, a.ord, "
+    "  COALESCE(CAST(:run_at AS timestamptz), statement_timestamp()) AS run_at, "
+    "  statement_timestamp() + CAST(:timeout AS float8) * interval '1 second' AS timing_out_at "
+    "  FROM jsonb_array_elements(CAST(:args AS jsonb)) WITH ORDINALITY AS a(args, ord)), "
+    "u AS (INSERT INTO postjob.unfinished (job_id, status, workflow, workflow_version, queue, "
+    "  priority, run_at, due, timing_out_at) "
+    "  SELECT n.id, 'ready', :workflow, :version, :queue, :priority, n.run_at, "
+    "  n.run_at <= statement_timestamp(), n.timing_out_at FROM n), "
+    "j AS (INSERT INTO postjob.postjobs (id, root_id, full_id, queue, workflow, "
+    "  workflow_version, args, tags, max_attempts, timeout, timing_out_at, next_run_at, "
+    "  priority, trace_context, queued) "
+    "  SELECT n.id, n.id, n.id::text, :queue, :workflow, :version, n.args, "
+    "  CAST(:tags AS jsonb), :max_attempts, :timeout, n.timing_out_at, n.run_at, :priority, "
+    "  CAST(:trace_context AS jsonb), true FROM n ORDER BY n.ord RETURNING id), "
+    "w AS (SELECT postjob._wake(count(*)::integer) FROM j) "
+    "SELECT j.id FROM j, w ORDER BY j.id"
 )
 
-JOB_EXISTS = text("SELECT status::text FROM postjob.postjobs WHERE id = :id")
+JOB_EXISTS = text("SELECT status::text FROM postjob.jobs WHERE id = :id")
 
 #: The statuses of these jobs, locked for an operator's change (reset).
 #: The jobs to reset, locked: their status, and whether a run of theirs may still execute (the
 #: job was ended from outside while it ran, and that run's lease has not ended).
 JOBS_STATUS_LOCKED = text(
-    "SELECT id, status::text AS status, postjob._run_may_be_executing(id) AS run_goes_on "
-    "FROM postjob.postjobs WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id FOR UPDATE"
+    "SELECT j.id, CASE WHEN u.lease_token IS NOT NULL AND u.status IN ('ready', 'err', 'sleep') "
+    "THEN 'processing' ELSE j.status::text END AS status, "
+    "u.lease_token IS NOT NULL AND u.status NOT IN ('ready', 'err', 'sleep') AS run_goes_on "
+    "FROM postjob.postjobs j LEFT JOIN postjob.unfinished u ON u.job_id = j.id "
+    "WHERE j.id = ANY(CAST(:ids AS bigint[])) ORDER BY j.id"
 )
 
-#: The jobs checked out, in the order handed out: their ids first (see JobQueue.checkout),
-#: then the columns a worker runs them with (RunningJob's). ``promote``: make due first what
-#: has come due (not inside a transactional job's transaction: see postjob._promote).
+#: The jobs checked out in the caller's transaction, in the order handed out: their ids
+#: first (see JobQueue.checkout), then the columns a worker runs them with (RunningJob's). It
+#: makes nothing due (a row it made due would stay locked until the caller commits); it takes
+#: the jobs whose time has come anyway, and names its holder in their records.
 JOB_CHECKOUT = text(
     "SELECT id, lease_token, workflow, workflow_version, args, queue, root_id, full_id, "
-    "parent_id, attempt, max_attempts FROM postjob.checkout_v3(CAST(:worker_id AS bigint), "
+    "parent_id, attempt, max_attempts FROM postjob.checkout_v4(CAST(:worker_id AS bigint), "
     "CAST(:identifier AS varchar), CAST(:workflows AS text[]), CAST(:versions AS text[]), "
-    "CAST(:queues AS text[]), CAST(:limit AS integer), CAST(:lease AS float8), "
-    "CAST(:promote AS boolean))"
+    "CAST(:queues AS text[]), CAST(:limit AS integer), CAST(:lease AS float8), true, false, "
+    "false)"
 )
 
-#: Record outcomes (as WORKER_CYCLE takes them) and release the leases ``done``: rows for
-#: the outcomes not recorded ('lost') and the sleeps woken at once ('woken').
+#: Record outcomes (as WORKER_CYCLE takes them): rows for the outcomes not recorded ('lost')
+#: and the sleeps woken at once ('woken').
 JOB_FINISH = text(
-    "SELECT kind, id FROM postjob.finish_jobs_v3(CAST(:ok_ids AS bigint[]), "
+    "SELECT kind, id FROM postjob.finish_v4(CAST(:ok_ids AS bigint[]), "
     "CAST(:ok_tokens AS bigint[]), CAST(:ok_results AS jsonb[]), CAST(:ok_versions AS text[]), "
-    "CAST(:outcomes AS jsonb), CAST(:done AS bigint[]))"
-)
-
-#: After outcomes recorded through the API: the leases none of whose jobs runs under them any
-#: more end.
-LEASES_END = text(
-    "DELETE FROM postjob.leases l WHERE l.token = ANY(CAST(:tokens AS bigint[])) "
-    "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs j "
-    "WHERE j.id = ANY(l.job_ids) AND j.lease_token = l.token)"
+    "CAST(:ids AS bigint[]), CAST(:tokens AS bigint[]), CAST(:kinds AS text[]), "
+    "CAST(:errors AS text[]), CAST(:messages AS text[]), CAST(:backtraces AS jsonb[]), "
+    "CAST(:versions AS text[]), CAST(:awaiting AS bigint[]), CAST(:delays AS float8[]), "
+    "CAST(:stopped AS bigint[]), CAST(:stopped_tokens AS bigint[]))"
 )
 
 TOKEN_JOB = text(
@@ -239,14 +296,13 @@ JOBS_RESET = text("SELECT postjob.reset_jobs(CAST(:ids AS bigint[]))")
 #: Why a reset of these jobs was refused: a finished job among them (or among the descendants
 #: reset brings back) whose unique key a newer unfinished job holds, with that holder.
 JOB_RESET_KEY_HOLDER = text(
-    "SELECT j.id, j.unique_key, h.id AS holder FROM postjob.postjobs j "
-    "JOIN postjob.postjobs h ON h.unique_key = j.unique_key AND h.id <> j.id "
-    "AND h.status IN ('ready', 'processing', 'sleep', 'err') "
+    "SELECT j.id, j.unique_key, h.job_id AS holder FROM postjob.postjobs j "
+    "JOIN postjob.unfinished h ON h.unique_key = j.unique_key AND h.job_id <> j.id "
     "WHERE j.unique_key IS NOT NULL AND j.status NOT IN ('ready', 'processing', 'sleep', 'err') "
     "AND (j.id = ANY(CAST(:ids AS bigint[])) OR EXISTS (SELECT 1 FROM postjob.postjobs a "
     "WHERE a.id = ANY(CAST(:ids AS bigint[])) AND j.root_id = a.root_id "
     "AND j.full_id LIKE a.full_id || '.%')) "
-    "ORDER BY j.id, h.id LIMIT 1"
+    "ORDER BY j.id, h.job_id LIMIT 1"
 )
 
 #: The ids cancelled: these jobs and their unfinished descendants.
@@ -254,7 +310,7 @@ JOBS_CANCEL = text("SELECT postjob.cancel_jobs(CAST(:ids AS bigint[]))")
 
 JOB_FORCE = text("SELECT postjob.force_job(CAST(:id AS bigint))")
 
-JOBS_REAP = text("SELECT postjob.reap_v2()")
+JOBS_REAP = text("SELECT postjob.reap_v4()")
 
 # -- jobs no running worker knows (postjob_sa.worker.unknown) --------------------------------
 
@@ -266,23 +322,26 @@ JOBS_REAP = text("SELECT postjob.reap_v2()")
 #: worker: they are neither due nor timed, so never counted.
 WORKFLOWS_UNKNOWN = (
     "WITH RECURSIVE due(workflow) AS ("
-    "  SELECT min(workflow) FROM postjob.waiting WHERE due "
+    "  SELECT min(workflow) FROM postjob.unfinished WHERE due AND lease_token IS NULL "
     "  UNION ALL "
-    "  SELECT (SELECT min(w.workflow) FROM postjob.waiting w WHERE w.due AND w.workflow > d.workflow) "
+    "  SELECT (SELECT min(w.workflow) FROM postjob.unfinished w WHERE w.due AND w.lease_token IS NULL "
+    "          AND w.workflow > d.workflow) "
     "  FROM due d WHERE d.workflow IS NOT NULL), "
     "timed(workflow) AS ("
-    "  SELECT min(workflow) FROM postjob.waiting WHERE NOT due AND run_at IS NOT NULL "
+    "  SELECT min(workflow) FROM postjob.unfinished WHERE NOT due AND run_at IS NOT NULL "
+    "  AND lease_token IS NULL "
     "  UNION ALL "
-    "  SELECT (SELECT min(w.workflow) FROM postjob.waiting w "
-    "          WHERE NOT w.due AND w.run_at IS NOT NULL AND w.workflow > t.workflow) "
+    "  SELECT (SELECT min(w.workflow) FROM postjob.unfinished w "
+    "          WHERE NOT w.due AND w.run_at IS NOT NULL AND w.lease_token IS NULL "
+    "          AND w.workflow > t.workflow) "
     "  FROM timed t WHERE t.workflow IS NOT NULL), "
     "names AS (SELECT workflow FROM due UNION SELECT workflow FROM timed) "
     "SELECT u.workflow, u.jobs FROM ("
-    "  SELECT n.workflow, (SELECT count(*) FROM postjob.waiting w "
-    "     WHERE w.workflow = n.workflow AND w.due) "
-    "   + (SELECT count(*) FROM postjob.waiting w "
+    "  SELECT n.workflow, (SELECT count(*) FROM postjob.unfinished w "
+    "     WHERE w.workflow = n.workflow AND w.due AND w.lease_token IS NULL) "
+    "   + (SELECT count(*) FROM postjob.unfinished w "
     "     WHERE w.workflow = n.workflow AND NOT w.due AND w.run_at IS NOT NULL "
-    "     AND w.run_at <= now()) AS jobs "
+    "     AND w.lease_token IS NULL AND w.run_at <= now()) AS jobs "
     "  FROM names n WHERE n.workflow IS NOT NULL "
     "  AND NOT EXISTS (SELECT 1 FROM postjob.workers w "
     "                  WHERE w.expires_at > now() AND n.workflow = ANY (w.workflows))) u "
@@ -308,9 +367,8 @@ QUEUE_LIMITS_DELETE = text("DELETE FROM postjob.queue_limits WHERE queue = :queu
 #: starts in the last period.
 QUEUE_LIMITS_REPORT = text(
     "SELECT l.queue, l.concurrency, l.rate, l.period, "
-    "(SELECT count(*) FROM postjob.leases le CROSS JOIN unnest(le.job_ids) AS h(id) "
-    " JOIN postjob.postjobs j ON j.id = h.id AND j.lease_token = le.token "
-    " WHERE j.queue = l.queue) AS processing, "
+    "(SELECT count(*) FROM postjob.unfinished u "
+    " WHERE u.queue = l.queue AND u.lease_token IS NOT NULL) AS processing, "
     "(SELECT count(*) FROM postjob.queue_starts s WHERE s.queue = l.queue "
     " AND s.started_at > now() - postjob._period(l.period)) AS started "
     "FROM postjob.queue_limits l ORDER BY l.queue"

@@ -29,20 +29,18 @@ log = logging.getLogger("postjob_sa.metrics")
 
 #: Per queue: the jobs due now and how long the oldest of them has been due, the manual steps
 #: waiting for their token (apart: no worker can do them), and the jobs running. It reads the
-#: narrow tables of unfinished work only (postjob.waiting, postjob.leases), never a finished
-#: job, and a statement timeout bounds it on a huge backlog.
+#: narrow table of unfinished work only (postjob.unfinished), never a finished job, and a
+#: statement timeout bounds it on a huge backlog.
 QUEUE_STATS = text(
     "SELECT queue, "
-    "count(*) FILTER (WHERE workflow <> '__manual__' AND run_at <= statement_timestamp()) "
-    "AS waiting, "
+    "count(*) FILTER (WHERE workflow <> '__manual__' AND lease_token IS NULL "
+    "AND run_at <= statement_timestamp()) AS waiting, "
     "COALESCE(EXTRACT(EPOCH FROM statement_timestamp() - min(run_at) FILTER ("
-    "WHERE workflow <> '__manual__' AND run_at <= statement_timestamp())), 0)::float8 AS oldest, "
-    "count(*) FILTER (WHERE workflow = '__manual__') AS manual, 0::bigint AS running "
-    "FROM postjob.waiting GROUP BY queue "
-    "UNION ALL "
-    "SELECT j.queue, 0, 0.0, 0, count(*) FROM postjob.leases l "
-    "JOIN postjob.postjobs j ON j.id = ANY (l.job_ids) AND j.lease_token = l.token "
-    "GROUP BY j.queue"
+    "WHERE workflow <> '__manual__' AND lease_token IS NULL "
+    "AND run_at <= statement_timestamp())), 0)::float8 AS oldest, "
+    "count(*) FILTER (WHERE workflow = '__manual__' AND lease_token IS NULL) AS manual, "
+    "count(*) FILTER (WHERE lease_token IS NOT NULL) AS running "
+    "FROM postjob.unfinished WHERE status IN ('ready', 'err', 'sleep') GROUP BY queue"
 )
 STATEMENT_TIMEOUT_SET = text("SELECT set_config('statement_timeout', :ms, true)")
 

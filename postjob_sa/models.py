@@ -1,12 +1,12 @@
 """The schema ``postjob`` as SQLAlchemy 2.0 typed models.
 
 The revisions in ``postjob_sa/alembic/versions`` create exactly this schema (a test compares
-them); the state machine itself lives in the plpgsql functions those revisions install.
+them); the state machine itself lives in the plpgsql functions those revisions install. The
+narrow tables are in ``postjob_sa._tables``; both are here by name.
 """
 
 from __future__ import annotations
 
-import enum
 import uuid
 from datetime import datetime
 from typing import Any
@@ -14,74 +14,67 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
-    CheckConstraint,
+    ColumnElement,
     DateTime,
     Double,
-    Enum,
     ForeignKey,
     Index,
     Integer,
-    MetaData,
     String,
-    Text,
+    case,
+    exists,
     func,
+    literal,
     text,
+    type_coerce,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.ext.hybrid import hybrid_property
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from postjob_sa import _tracing
+from postjob_sa._schema_base import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    FINAL_STATUSES,
+    MANUAL_WORKFLOW,
+    SCHEMA,
+    WAITING_STATUSES,
+    Base,
+    Status,
+    metadata,
+    status_type,
+)
+from postjob_sa._tables import (
+    EventKey,
+    Lease,
+    QueueLimit,
+    QueueSlot,
+    QueueStart,
+    Schedule,
+    Unfinished,
+    Waiting,
+    Wakeup,
+    Worker,
+)
 from postjob_sa.errors import InvalidJobState
 
-SCHEMA = "postjob"
-#: What a job gets when neither the call nor its workflow's decorator says.
-DEFAULT_QUEUE = "q"
-DEFAULT_MAX_ATTEMPTS = 5
-MANUAL_WORKFLOW = "__manual__"
-
-
-class Status(enum.StrEnum):
-    """The states of a job. ``ok``, ``failed``, ``timeout`` and ``cancelled`` are final."""
-
-    ready = "ready"
-    processing = "processing"
-    sleep = "sleep"
-    failed = "failed"
-    err = "err"
-    timeout = "timeout"
-    ok = "ok"
-    cancelled = "cancelled"
-
-    @property
-    def is_final(self) -> bool:
-        return self in FINAL_STATUSES
-
-
-FINAL_STATUSES = frozenset({Status.ok, Status.failed, Status.timeout, Status.cancelled})
-
-metadata = MetaData(schema=SCHEMA)
-
-
-class Base(DeclarativeBase):
-    """Declarative base of the ``postjob`` schema (keep it apart from the host's own base)."""
-
-    metadata = metadata
-
-
-_status_type = Enum(
-    Status,
-    name="statuses",
-    schema=SCHEMA,
-    values_callable=lambda e: [m.value for m in e],
-    create_type=False,
-)
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_QUEUE", "FINAL_STATUSES", "MANUAL_WORKFLOW", "SCHEMA",
+           "WAITING_STATUSES", "Base", "EventKey", "Job", "Lease", "QueueLimit", "QueueSlot",
+           "QueueStart", "Schedule", "Status", "Token", "Unfinished", "Waiting", "Wakeup",
+           "Worker",
+           "metadata", "status_type"]
 
 
 class Job(Base):
     """One run of a workflow: a row of ``postjob.postjobs``.
 
     ``session.add(Job(workflow="name", args=[...]))`` enqueues a job; the database fills in
-    root_id, full_id and the deadline.
+    root_id, full_id and the deadline. ``status`` is the job's status as the queue sees it:
+    ``processing`` while a run holds its lease (the record keeps the status the job had
+    before, ``recorded_status``; a worker's checkout does not write the record), and its
+    ``lease_token``, ``lease_expires_at`` and ``worker_id`` are the running lease's. They are
+    loaded with the job (a join of its row in ``postjob.unfinished``).
     """
 
     __tablename__ = "postjobs"
@@ -105,8 +98,9 @@ class Job(Base):
     args: Mapped[list[Any]] = mapped_column(
         JSONB, server_default=text("'[]'::jsonb"), nullable=False
     )
-    status: Mapped[Status] = mapped_column(
-        _status_type, server_default=Status.ready.value, nullable=False
+    #: the status the record keeps: the job's own, but while it runs (see ``status``)
+    recorded_status: Mapped[Status] = mapped_column(
+        "status", status_type, server_default=Status.ready.value, nullable=False
     )
     next_run_at: Mapped[datetime | None] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
@@ -126,10 +120,11 @@ class Job(Base):
     processing_client_identifier: Mapped[str | None] = mapped_column(String)
     processing_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     processing_max_duration: Mapped[float | None] = mapped_column(Double)
-    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    lease_token: Mapped[int | None] = mapped_column(BigInteger)
-    #: the worker (``postjob.workers``) running the job, while it is processing
-    worker_id: Mapped[int | None] = mapped_column(BigInteger)
+    # retired: the lease as pj0008 kept it in the record (NULL since pj0009)
+    _retired_lease_expires_at: Mapped[datetime | None] = mapped_column(
+        "lease_expires_at", DateTime(timezone=True))
+    _retired_lease_token: Mapped[int | None] = mapped_column("lease_token", BigInteger)
+    _retired_worker_id: Mapped[int | None] = mapped_column("worker_id", BigInteger)
     #: checkout takes higher priorities first, then the earliest due
     priority: Mapped[int] = mapped_column(Integer, server_default="0", nullable=False)
     #: while a job holding this key is unfinished, enqueuing the key again returns that job
@@ -141,6 +136,13 @@ class Job(Base):
     #: the W3C trace context of the enqueue, when OpenTelemetry traced it (a child: its parent's)
     trace_context: Mapped[dict[str, str] | None] = mapped_column(JSONB(none_as_null=True),
                                                                  default=_tracing.carrier)
+    #: the inserting statement queued the job itself (postjob_sa's enqueue); else the trigger
+    _queued: Mapped[bool] = mapped_column("queued", Boolean, server_default=text("false"),
+                                          nullable=False)
+    #: the job's row in postjob.unfinished (None: it is finished)
+    unfinished: Mapped[Unfinished | None] = relationship(
+        Unfinished, primaryjoin="Job.id == foreign(Unfinished.job_id)", viewonly=True,
+        lazy="joined", uselist=False)
 
     # Only columns an ordinary run never changes are indexed, so its updates are HOT (see
     # postjob_sa/sql/schema.sql); what checkout and reaping look up is in Waiting and Lease.
@@ -170,13 +172,49 @@ class Job(Base):
             postgresql_ops={"tags": "jsonb_path_ops"},
             postgresql_where=text("tags IS NOT NULL"),
         ),
-        # one unfinished job per unique key
-        Index("postjobs_unique_key_idx", "unique_key", unique=True,
-              postgresql_where=text("unique_key_held")),
         # the jobs with an error: failed, timed out, cancelled, or waiting for a retry
         Index("postjobs_errors_idx", "id", postgresql_where=text("error IS NOT NULL")),
         {"schema": SCHEMA},
     )
+
+    @hybrid_property
+    def status(self) -> Status:
+        """``processing`` while a run holds the job's lease, else the recorded status."""
+        row = self.unfinished
+        if row is not None and row.lease_token is not None and row.status in WAITING_STATUSES:
+            return Status.processing
+        return self.recorded_status
+
+    @status.inplace.setter
+    def _status_setter(self, value: Status) -> None:
+        self.recorded_status = value
+
+    @status.inplace.expression
+    @classmethod
+    def _status_expression(cls) -> ColumnElement[Status]:
+        running = exists().where(Unfinished.job_id == cls.id, Unfinished.lease_token.is_not(None),
+                                 Unfinished.status.in_(sorted(WAITING_STATUSES)))
+        return case((running, type_coerce(literal(Status.processing.value), status_type)),
+                    else_=cls.recorded_status)
+
+    @property
+    def lease_token(self) -> int | None:
+        """The token of the lease a run holds the job under (None: not running)."""
+        row = self.unfinished
+        return None if row is None else row.lease_token
+
+    @property
+    def lease_expires_at(self) -> datetime | None:
+        """When the running lease ends unless its worker beats (a checkout through the API:
+        when it ends)."""
+        row = self.unfinished
+        return None if row is None else row.lease_expires_at
+
+    @property
+    def worker_id(self) -> int | None:
+        """The worker (``postjob.workers``) running the job, while it runs."""
+        row = self.unfinished
+        return None if row is None else row.worker_id
 
     def result(self) -> Any:
         """The result of a job that ended ``ok`` (``results[0]``).
@@ -222,177 +260,3 @@ class Token(Base):
     __table_args__ = ({"schema": SCHEMA},)
 
 
-class Worker(Base):
-    """A running worker, kept alive by its heartbeat: a row of ``postjob.workers``.
-
-    A job whose worker still beats is never presumed abandoned, whatever its own lease says.
-    """
-
-    __tablename__ = "workers"
-
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    identifier: Mapped[str] = mapped_column(String, nullable=False)
-    started_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now(), nullable=False
-    )
-    heartbeat_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now(), nullable=False
-    )
-    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
-    #: the schema revision the worker's code was written for
-    code_revision: Mapped[str] = mapped_column(String, nullable=False)
-    workflows: Mapped[list[str]] = mapped_column(
-        ARRAY(Text), server_default=text("'{}'::text[]"), nullable=False
-    )
-    #: the queues it serves; None: all
-    queues: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
-
-    __table_args__ = ({"schema": SCHEMA},)
-
-
-class QueueLimit(Base):
-    """Limits of one queue, obeyed by every worker's checkout: a row of ``postjob.queue_limits``.
-
-    ``concurrency``: at most this many of its jobs processing at once; ``rate``: at most this
-    many starts in any ``period`` seconds. None: no such limit. Set them with
-    ``JobQueue.set_queue_limits`` or ``postjob queue limit``.
-    """
-
-    __tablename__ = "queue_limits"
-
-    queue: Mapped[str] = mapped_column(String, primary_key=True)
-    concurrency: Mapped[int | None] = mapped_column(Integer)
-    rate: Mapped[int | None] = mapped_column(Integer)
-    period: Mapped[float] = mapped_column(Double, server_default="1", nullable=False)
-    #: the starts of the last period, by slot of period/20 seconds (checkout keeps them)
-    rate_slots: Mapped[list[int]] = mapped_column(
-        ARRAY(BigInteger), server_default=text("'{}'::bigint[]"), nullable=False
-    )
-    rate_counts: Mapped[list[int]] = mapped_column(
-        ARRAY(Integer), server_default=text("'{}'::integer[]"), nullable=False
-    )
-    #: the ids the concurrency limit counts (its queue's jobs checked out while limited; None
-    #: until a checkout first reads them from the table): checkout keeps them
-    processing_ids: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
-    updated_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now(), nullable=False
-    )
-
-    __table_args__ = (
-        CheckConstraint("concurrency IS NULL OR concurrency >= 0",
-                        name="queue_limits_concurrency_range"),
-        CheckConstraint("rate IS NULL OR rate >= 0", name="queue_limits_rate_range"),
-        CheckConstraint("period > 0", name="queue_limits_period_positive"),
-        {"schema": SCHEMA},
-    )
-
-
-class Waiting(Base):
-    """A job that waits: to run (due now, or at ``run_at``), for its children, or for a token.
-
-    One row per such job, written by the database's functions and triggers (never by hand):
-    checkout reads only its index of due jobs. Its status, workflow, queue and priority are the
-    job's own."""
-
-    __tablename__ = "waiting"
-
-    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    status: Mapped[Status] = mapped_column(_status_type, nullable=False)
-    workflow: Mapped[str] = mapped_column(String, nullable=False)
-    workflow_version: Mapped[str] = mapped_column(String, nullable=False)
-    queue: Mapped[str] = mapped_column(String, nullable=False)
-    priority: Mapped[int] = mapped_column(Integer, nullable=False)
-    #: when it may run; None while it waits for children or a token
-    run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    #: checkout may take it now
-    due: Mapped[bool] = mapped_column(Boolean, nullable=False)
-    timing_out_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-
-    __table_args__ = (
-        Index("waiting_due_idx", "workflow", "workflow_version", "queue", text("priority DESC"),
-              "run_at", "job_id", postgresql_where=text("due")),
-        Index("waiting_scheduled_idx", "workflow", "workflow_version", "run_at",
-              postgresql_where=text("NOT due AND run_at IS NOT NULL")),
-        Index("waiting_timeout_idx", "timing_out_at",
-              postgresql_where=text("timing_out_at IS NOT NULL")),
-        CheckConstraint("status IN ('ready', 'err', 'sleep')", name="waiting_status"),
-        CheckConstraint("NOT due OR run_at IS NOT NULL", name="waiting_due_has_time"),
-        {"schema": SCHEMA},
-    )
-
-
-class Lease(Base):
-    """A checkout whose jobs may still be running: the token they carry, the worker holding
-    them (None: a checkout through the API, held until ``expires_at``) and their ids."""
-
-    __tablename__ = "leases"
-
-    token: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    worker_id: Mapped[int | None] = mapped_column(BigInteger)
-    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
-    job_ids: Mapped[list[int]] = mapped_column(ARRAY(BigInteger), nullable=False)
-
-    __table_args__ = (
-        Index("leases_worker_idx", "worker_id"),
-        {"schema": SCHEMA},
-    )
-
-
-class QueueSlot(Base):
-    """One of a limited queue's places: taken by a job while it runs (``job_id``)."""
-
-    __tablename__ = "queue_slots"
-
-    queue: Mapped[str] = mapped_column(
-        String, ForeignKey("postjob.queue_limits.queue", ondelete="CASCADE"), primary_key=True)
-    slot: Mapped[int] = mapped_column(Integer, primary_key=True)
-    job_id: Mapped[int | None] = mapped_column(BigInteger)
-
-    __table_args__ = (
-        Index("queue_slots_job_idx", "job_id", postgresql_where=text("job_id IS NOT NULL")),
-        {"schema": SCHEMA},
-    )
-
-
-class QueueStart(Base):
-    """One of a rate-limited queue's starts: free again once ``started_at`` is a period old."""
-
-    __tablename__ = "queue_starts"
-
-    queue: Mapped[str] = mapped_column(
-        String, ForeignKey("postjob.queue_limits.queue", ondelete="CASCADE"), primary_key=True)
-    n: Mapped[int] = mapped_column(Integer, primary_key=True)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-
-    __table_args__ = (
-        Index("queue_starts_oldest_idx", "queue", text("started_at NULLS FIRST")),
-        {"schema": SCHEMA},
-    )
-
-
-class Schedule(Base):
-    """A periodic workflow (``@workflow(cron=...)`` or ``@workflow(every=...)``) as the workers
-    registered it: a row of ``postjob.schedules``, with its last and next tick."""
-
-    __tablename__ = "schedules"
-
-    #: the workflow's name
-    name: Mapped[str] = mapped_column(String, primary_key=True)
-    cron: Mapped[str | None] = mapped_column(String)
-    timezone: Mapped[str | None] = mapped_column(String)
-    every: Mapped[float | None] = mapped_column(Double)
-    skip_missed: Mapped[bool] = mapped_column(Boolean, server_default=text("false"), nullable=False)
-    #: the last tick handled (its job enqueued, or skipped)
-    last_tick_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    next_tick_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    #: the last tick that enqueued a job, and that job
-    last_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    last_job_id: Mapped[int | None] = mapped_column(BigInteger)
-    registered_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now(), nullable=False
-    )
-
-    __table_args__ = (
-        CheckConstraint("(cron IS NULL) <> (every IS NULL)", name="schedules_cron_or_every"),
-        {"schema": SCHEMA},
-    )

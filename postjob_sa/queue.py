@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import URL, Connection, Engine, select
 from sqlalchemy.orm import Session, make_transient_to_detached, scoped_session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from postjob_sa import _backoff, _metrics, _sql, _tracing, _validate
 from postjob_sa._db import check_driver, worker_identifier
@@ -222,8 +223,9 @@ class JobQueue(JobOperations):
         if parent_id is not None:
             self._require_job(_validate.job_id(parent_id))
         conn = self.session.connection()
+        statement = _sql.JOB_ENQUEUE if parent_id is None else _sql.JOB_ENQUEUE_CHILD
         for _ in range(ENQUEUE_TRIES):
-            row = conn.execute(_sql.JOB_ENQUEUE, params).first()
+            row = conn.execute(statement, params).first()
             if row is not None:
                 break
             existing = self._existing(params)
@@ -236,12 +238,14 @@ class JobQueue(JobOperations):
             raise InvalidJobState(f"unique key {unique_key!r} is taken and released too often")
         # A persistent Job without another query: what the caller is likely to read is set,
         # the rest (timestamps, ...) loads on first access.
+        root_id, full_id = (row.id, str(row.id)) if parent_id is None else (row.root_id, row.full_id)
         job = Job(
-            id=row.id, parent_id=parent_id, root_id=row.root_id, full_id=row.full_id,
+            id=row.id, parent_id=parent_id, root_id=root_id, full_id=full_id,
             workflow=name, args=json.loads(args_json), queue=opts["queue"], status=Status.ready,
             workflow_version=opts["workflow_version"], max_attempts=opts["max_attempts"],
             priority=params["priority"], unique_key=params["unique_key"],
         )
+        set_committed_value(job, "unfinished", None)  # not running: no need to load its row
         make_transient_to_detached(job)
         self.session.add(job)
         _metrics.enqueued(name, opts["queue"])
@@ -311,7 +315,8 @@ class JobQueue(JobOperations):
         """Check out up to ``limit`` runnable jobs (FOR UPDATE SKIP LOCKED) in the caller's
         transaction; a rollback returns them. Record outcomes with complete()/fail().
 
-        It locks only the jobs it hands out (reaping is the workers' and ``reap()``'s job)."""
+        It locks only the jobs it hands out: it makes no job due (the workers do), but takes
+        the jobs whose time has come anyway; reaping is the workers' and ``reap()``'s job."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidArgument(f"limit must be an integer from 1 to 10000, not {limit!r}")
         names, versions = self.registry.pairs(list(workflows) if workflows is not None else None)
@@ -319,7 +324,7 @@ class JobQueue(JobOperations):
             "worker_id": None, "identifier": self.identifier,
             "workflows": names, "versions": versions,
             "queues": [_validate.name(q, "queue") for q in queues] if queues is not None else None,
-            "limit": limit, "lease": self.lease, "promote": True,
+            "limit": limit, "lease": self.lease,
         }
         ids = list(self.session.execute(_sql.JOB_CHECKOUT, params).scalars())
         if not ids:
@@ -331,12 +336,9 @@ class JobQueue(JobOperations):
 
     def _finish(self, outcome: Outcome) -> None:
         rows = self.session.execute(_sql.JOB_FINISH,
-                                    {**outcome_params([outcome], literals=False),
-                                     "done": []}).all()
+                                    outcome_params([outcome], literals=False)).all()
         if any(kind == "lost" for kind, _ in rows):
             raise InvalidJobState(f"job {outcome.job_id} is not checked out under this lease")
-        # the checkout's lease ends once none of its jobs runs under it
-        self.session.execute(_sql.LEASES_END, {"tokens": [outcome.lease_token]})
 
     @schema_checked
     def complete(self, job: Job, result: Any = None) -> None:

@@ -192,15 +192,28 @@ def dbapi_connect(url: URL | str) -> Any:
 
 
 #: Test data: make a job final by hand, as the database's own functions leave one (its status,
-#: no unique key held, nothing waiting). Tests that need a job in a state no run put it in use
-#: this rather than an UPDATE of the status alone (see postjob_sa/sql/schema.sql: what waits
-#: and what holds a key is not only the status column).
+#: no unique key held, no row in postjob.unfinished). Tests that need a job in a state no run
+#: put it in use this rather than an UPDATE of the status alone (see postjob_sa/sql/schema.sql:
+#: what waits and what holds a key is not only the status column).
 END_BY_HAND = text(
     "WITH ended AS (UPDATE postjob.postjobs SET status = CAST(:status AS postjob.statuses), "
     "next_run_at = NULL, unique_key_held = false WHERE id = :id RETURNING id) "
-    "DELETE FROM postjob.waiting WHERE job_id IN (SELECT id FROM ended)"
+    "DELETE FROM postjob.unfinished WHERE job_id IN (SELECT id FROM ended)"
 )
 
 
 def end_by_hand(conn: Connection | Session, job_id: int, status: str = "failed") -> None:
     conn.execute(END_BY_HAND, {"id": job_id, "status": status})
+
+
+#: Record an ok outcome ([0]) of the job under a lease token, as a worker's cycle does: true
+#: when it was recorded (the run held the job), false when the database called it lost.
+FINISH_OK = text(
+    "SELECT NOT EXISTS (SELECT 1 FROM postjob.finish_v4(ARRAY[CAST(:id AS bigint)], "
+    "ARRAY[CAST(:lease AS bigint)], ARRAY[CAST('[0]' AS jsonb)], ARRAY[''], '{}', '{}', '{}', "
+    "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}') f WHERE f.kind = 'lost')"
+)
+
+
+def finish_ok(conn: Connection | Session, job_id: int, lease_token: int) -> bool:
+    return bool(conn.execute(FINISH_OK, {"id": job_id, "lease": lease_token}).scalar_one())

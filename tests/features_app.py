@@ -23,7 +23,7 @@ def after_queue(queue: str, then_sleep: float) -> str:
     then sleep: a job that can only end after the other queue's jobs did."""
     deadline = time.monotonic() + 120
     with psycopg.connect(os.environ["REL_APP_URL"], autocommit=True) as conn:
-        while conn.execute("SELECT count(*) FROM postjob.postjobs WHERE queue = %s "
+        while conn.execute("SELECT count(*) FROM postjob.jobs WHERE queue = %s "
                            "AND status <> 'ok'", [queue]).fetchone() != (0,):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the jobs of queue {queue!r} did not end")

@@ -80,9 +80,9 @@ def build(url: str) -> None:
             "('web.order', '0 3 * * *', 'Europe/Zurich', NULL, false, "
             " date_trunc('day', now()) + interval '1 day 2 hours', "
             " date_trunc('day', now()) + interval '2 hours', "
-            " (SELECT min(id) FROM postjob.postjobs WHERE workflow = 'web.order')), "
+            " (SELECT min(id) FROM postjob.jobs WHERE workflow = 'web.order')), "
             "('web.noop', NULL, NULL, 300, true, now() + interval '3 minutes', "
-            " now() - interval '2 minutes', (SELECT max(id) FROM postjob.postjobs WHERE workflow = 'web.noop'))"))
+            " now() - interval '2 minutes', (SELECT max(id) FROM postjob.jobs WHERE workflow = 'web.noop'))"))
         s.commit()
     engine.dispose()
 
@@ -104,8 +104,8 @@ def main() -> int:
     served = Served(create_app(engine, refresh=0))
     OUT.mkdir(parents=True, exist_ok=True)
     with engine.connect() as c:
-        root = c.execute(text("SELECT min(id) FROM postjob.postjobs WHERE workflow = 'web.order'")).scalar()
-        failed = c.execute(text("SELECT min(id) FROM postjob.postjobs WHERE workflow = 'web.flaky'")).scalar()
+        root = c.execute(text("SELECT min(id) FROM postjob.jobs WHERE workflow = 'web.order'")).scalar()
+        failed = c.execute(text("SELECT min(id) FROM postjob.jobs WHERE workflow = 'web.flaky'")).scalar()
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():

@@ -71,7 +71,7 @@ def seed(engine: Engine) -> Seeded:
         s.commit()
         q.drain()
         rows = s.execute(
-            text("SELECT j.id, j.workflow, j.parent_id, t.token::text AS token FROM postjob.postjobs j "
+            text("SELECT j.id, j.workflow, j.parent_id, t.token::text AS token FROM postjob.jobs j "
                  "LEFT JOIN postjob.tokens t ON t.postjob_id = j.id WHERE j.root_id = :r ORDER BY j.id"),
             {"r": root},
         ).all()
@@ -111,7 +111,7 @@ def backdate(engine: Engine, seconds: float) -> None:
             {"s": seconds},
         )
         conn.execute(  # what checkout and the overview read: the waiting rows
-            text("UPDATE postjob.waiting SET run_at = run_at - make_interval(secs => :s) "
+            text("UPDATE postjob.unfinished SET run_at = run_at - make_interval(secs => :s) "
                  "WHERE run_at IS NOT NULL"),
             {"s": seconds},
         )

@@ -15,7 +15,7 @@ def row(session: Session, job_id: int) -> dict[str, Any]:
         text(
             "SELECT id, parent_id, root_id, full_id, workflow, args, status::text AS status, "
             "results, error, error_message, failed_attempts, workflow_status, awaiting_id, "
-            "lease_token FROM postjob.postjobs WHERE id = :id"
+            "lease_token FROM postjob.jobs WHERE id = :id"
         ),
         {"id": job_id},
     ).mappings().one()
@@ -27,7 +27,7 @@ def children(session: Session, parent_id: int) -> list[dict[str, Any]]:
     rows = session.execute(
         text(
             "SELECT id, workflow, args, status::text AS status, results, error, error_message "
-            "FROM postjob.postjobs WHERE parent_id = :p ORDER BY id"
+            "FROM postjob.jobs WHERE parent_id = :p ORDER BY id"
         ),
         {"p": parent_id},
     ).mappings().all()
@@ -36,7 +36,7 @@ def children(session: Session, parent_id: int) -> list[dict[str, Any]]:
 
 def count_jobs(session: Session) -> int:
     session.commit()
-    return int(session.execute(text("SELECT count(*) FROM postjob.postjobs")).scalar_one())
+    return int(session.execute(text("SELECT count(*) FROM postjob.jobs")).scalar_one())
 
 
 def result(session: Session, job_id: int) -> Any:

@@ -19,7 +19,7 @@ ROOT_JOBS_LIST = text(
     "j.timing_out_at, j.failed_attempts, j.max_attempts, j.results, j.error, j.error_message, "
     "j.workflow_status, j.tags, j.processing_client, j.processing_client_identifier, "
     "j.processing_started_at, j.processing_max_duration, j.lease_expires_at, now() AS db_now "
-    "FROM postjob.postjobs j WHERE j.parent_id IS NULL AND "
+    "FROM postjob.jobs j WHERE j.parent_id IS NULL AND "
     "(CAST(:tags AS jsonb) IS NULL OR j.tags @> CAST(:tags AS jsonb)) "
     "AND (CAST(:statuses AS text[]) IS NULL OR j.status::text = ANY(CAST(:statuses AS text[]))) "
     "ORDER BY j.id DESC LIMIT :limit"
@@ -33,7 +33,7 @@ JOB_SUBTREES = text(
     "j.workflow_status, j.tags, j.processing_client, j.processing_client_identifier, "
     "j.processing_started_at, j.processing_max_duration, j.lease_expires_at, now() AS db_now "
     "FROM postjob.postjobs a "
-    "JOIN postjob.postjobs j ON j.root_id = a.root_id "
+    "JOIN postjob.jobs j ON j.root_id = a.root_id "
     "AND (j.id = a.id OR j.full_id LIKE a.full_id || '.%') "
     "WHERE a.id = ANY(CAST(:ids AS bigint[])) AND "
     "(CAST(:tags AS jsonb) IS NULL OR j.tags @> CAST(:tags AS jsonb)) "
@@ -72,8 +72,9 @@ PRUNABLE_COUNT = text(
     ") v JOIN postjob.postjobs j ON j.root_id = v.id"
 )
 
-#: One batch of a prune: up to :batch trees (roots locked, SKIP LOCKED), deleted whole.
-#: Returns (roots deleted, jobs deleted).
+#: One batch of a prune: up to :batch trees (roots locked, SKIP LOCKED; none of whose jobs
+#: is held by a run: a run of a job cancelled while it ran may still execute),
+#: deleted whole. Returns (roots deleted, jobs deleted).
 PRUNE_BATCH = text(
     "WITH victims AS ("
     "SELECT r.id FROM postjob.postjobs r "
@@ -81,6 +82,8 @@ PRUNE_BATCH = text(
     "AND r.status::text = ANY(CAST(:statuses AS text[])) "
     "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs d WHERE d.root_id = r.id "
     "                AND d.status NOT IN ('ok', 'failed', 'timeout', 'cancelled')) "
+    "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs d JOIN postjob.unfinished u ON u.job_id = d.id "
+    "                WHERE d.root_id = r.id AND u.lease_token IS NOT NULL) "
     "  ORDER BY r.id LIMIT :batch FOR UPDATE OF r SKIP LOCKED), "
     "gone AS (DELETE FROM postjob.postjobs j USING victims v WHERE j.root_id = v.id "
     "         RETURNING j.parent_id) "
@@ -100,9 +103,11 @@ ROLE_GRANTS = text(
     "SELECT format('%I', CAST(:role AS text)) AS role, ARRAY["
     "format('GRANT USAGE ON SCHEMA postjob TO %I', CAST(:role AS text)), "
     "format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.postjobs, postjob.tokens, "
-    "postjob.workers, postjob.queue_limits, postjob.schedules, postjob.waiting, postjob.leases, "
-    "postjob.queue_slots, postjob.queue_starts, postjob.steps, postjob.events, "
-    "postjob.event_waits TO %I', CAST(:role AS text)), "
+    "postjob.workers, postjob.queue_limits, postjob.schedules, postjob.unfinished, "
+    "postjob.waiting, postjob.leases, postjob.queue_slots, postjob.queue_starts, postjob.steps, "
+    "postjob.events, postjob.event_waits, postjob.event_keys, postjob.wakeups TO %I', "
+    "CAST(:role AS text)), "
+    "format('GRANT SELECT ON TABLE postjob.jobs TO %I', CAST(:role AS text)), "
     "format('GRANT USAGE ON SEQUENCE postjob.postjobs_id_seq, postjob.tokens_id_seq, "
     "postjob.workers_id_seq, postjob.lease_tokens, postjob.events_id_seq TO %I', "
     "CAST(:role AS text)), "

@@ -8,11 +8,16 @@
 -- its wake time (or none): no worker and no lease are held meanwhile, and a waiting row that
 -- is not due costs checkout nothing.
 --
--- Events and waits are serialized per key by an advisory lock (class 1885692278, 'pjev'; the
--- key's hash), which an emit and a wait take before anything else and keep to their commit:
--- a wait that finds no event and records itself cannot miss an emit that commits meanwhile
--- (the emit waits for the wait's commit and then sees it; a wait that comes after an emit
--- waits for the emit's commit and then sees the event).
+-- Events and waits are serialized per key by a row of postjob.event_keys (the key's bucket,
+-- one of 4096 by its hash), which an emit and a wait update before anything else and keep
+-- locked to their commit. At READ COMMITTED a wait that finds no event and records itself
+-- cannot miss an emit that commits meanwhile: the emit waits for the wait's commit and then
+-- sees it, and a wait that comes after an emit waits for the emit's commit and then sees the
+-- event (each statement reads what committed before it). At REPEATABLE READ and SERIALIZABLE
+-- a statement reads the transaction's snapshot, which may predate the other side's commit;
+-- there the update of a bucket row that the other side updated after that snapshot raises a
+-- serialization failure, which the caller tries again (a transactional job's run is run
+-- again) with a snapshot that sees it. Either way no emit commits while its waiter sleeps on.
 
 -- Record a step of a running job (p_kind 'step', 'sleep' or 'event'; p_name the step's name,
 -- or the ordinal of the sleep or wait in its run), once: a step recorded already stays as it
@@ -28,11 +33,7 @@ RETURNS TABLE (result jsonb, error varchar, error_message varchar, wake_in doubl
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
-  PERFORM 1 FROM postjob.postjobs
-    WHERE postjobs.id = p_job_id AND postjobs.lease_token = p_lease_token FOR SHARE;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'postjob: job % lost its lease', p_job_id USING ERRCODE = 'PJ001';
-  END IF;
+  PERFORM postjob._hold(p_job_id, p_lease_token);
   INSERT INTO postjob.steps (job_id, kind, name, digest, result, error, error_message, wake_at)
   VALUES (p_job_id, p_kind, p_name, p_digest, p_result, p_error, p_message,
           COALESCE(p_wake_at, statement_timestamp() + p_wake_in * interval '1 second'))
@@ -42,6 +43,13 @@ BEGIN
          EXTRACT(EPOCH FROM s.wake_at - statement_timestamp())::double precision
   FROM postjob.steps s WHERE s.job_id = p_job_id AND s.kind = p_kind AND s.name = p_name;
 END;
+$$;
+
+-- Take an event key's lock (its bucket's row, see the top of this file) until the transaction
+-- ends.
+CREATE OR REPLACE FUNCTION postjob._event_key_lock(p_key varchar) RETURNS void
+LANGUAGE sql AS $$
+  UPDATE postjob.event_keys SET changes = changes + 1 WHERE bucket = hashtext(p_key) & 4095
 $$;
 
 -- The p_seq-th wait of a running job for an event under p_key: 'event' with the payload of the
@@ -61,12 +69,8 @@ DECLARE
   v_timeout_at timestamptz;
 BEGIN
   -- the key first, the job's row after (an emit takes them in this order too)
-  PERFORM pg_advisory_xact_lock(1885692278, hashtext(p_key));
-  PERFORM 1 FROM postjob.postjobs
-    WHERE postjobs.id = p_job_id AND postjobs.lease_token = p_lease_token FOR SHARE;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'postjob: job % lost its lease', p_job_id USING ERRCODE = 'PJ001';
-  END IF;
+  PERFORM postjob._event_key_lock(p_key);
+  PERFORM postjob._hold(p_job_id, p_lease_token);
   SELECT * INTO v_event FROM postjob.events e WHERE e.key = p_key ORDER BY e.id LIMIT 1;
   IF FOUND THEN
     INSERT INTO postjob.steps (job_id, kind, name, digest, result)
@@ -98,46 +102,48 @@ END;
 $$;
 
 -- Record an event under p_key in the caller's transaction and wake the jobs waiting for it:
--- their waits go; a waiting job's row is made due (checkout takes it as it is, status sleep;
--- a row another transaction holds is skipped: whoever holds it is taking the job to run it or
--- ending it), and a job still running (its wait recorded, its sleep not yet) is marked so that
--- its sleep finds it woken (as a finished child marks its running parent). The idle workers
--- are woken at commit; a rollback records and wakes nothing. Returns the event's id.
---
--- No lock is taken here that a run waiting for the key might hold: the job rows locked are of
--- runs whose checkout committed (a transactional job's run holds its row but is not
--- 'processing' to anyone else), and their holders never wait for a key.
+-- their waits go; a waiting job's row is made due (checkout takes it as it is, status sleep),
+-- and a job still running (its wait recorded, its sleep not yet) is marked woken, so that its
+-- sleep finds it woken (as a finished child marks its running parent). An idle worker is
+-- woken at commit; a rollback records and wakes nothing. Returns the event's id. The key's
+-- lock first, then the waiting jobs' rows in id order (schema.sql), then their waits; a
+-- deadlock with a transactional job that waits for the key (it holds its row) is tried again.
 CREATE OR REPLACE FUNCTION postjob.emit_event_v1(p_key varchar, p_payload jsonb)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
   v_id bigint;
   v_jobs bigint[];
   v_due integer;
+  v_try integer := 0;
 BEGIN
-  PERFORM pg_advisory_xact_lock(1885692278, hashtext(p_key));
-  INSERT INTO postjob.events (key, payload) VALUES (p_key, p_payload) RETURNING id INTO v_id;
-  WITH gone AS (
-    DELETE FROM postjob.event_waits w WHERE w.key = p_key RETURNING w.job_id
-  )
-  SELECT array_agg(DISTINCT job_id) INTO v_jobs FROM gone;
-  IF v_jobs IS NULL THEN
-    RETURN v_id;
-  END IF;
-  -- first the running ones (a lock waits for a sleep being recorded now; the statement after
-  -- it then sees the waiting row that sleep wrote), in id order as every batch locks them
-  UPDATE postjob.postjobs j SET next_run_at = statement_timestamp()
-  WHERE j.id = ANY (ARRAY(SELECT p.id FROM postjob.postjobs p
-                          WHERE p.id = ANY (v_jobs) AND p.status = 'processing'
-                          ORDER BY p.id FOR UPDATE))
-    AND j.status = 'processing';
-  UPDATE postjob.waiting w SET due = true, run_at = statement_timestamp()
-  WHERE w.job_id = ANY (ARRAY(SELECT s.job_id FROM postjob.waiting s
-                              WHERE s.job_id = ANY (v_jobs) AND s.status = 'sleep' AND NOT s.due
-                              ORDER BY s.job_id FOR UPDATE SKIP LOCKED));
-  GET DIAGNOSTICS v_due = ROW_COUNT;
-  IF v_due > 0 THEN
-    PERFORM pg_notify('postjob_notifications', '');
-  END IF;
-  RETURN v_id;
+  LOOP
+    BEGIN
+      PERFORM postjob._event_key_lock(p_key);
+      INSERT INTO postjob.events (key, payload) VALUES (p_key, p_payload) RETURNING id INTO v_id;
+      v_jobs := ARRAY(SELECT DISTINCT w.job_id FROM postjob.event_waits w WHERE w.key = p_key
+                      ORDER BY w.job_id);
+      IF cardinality(v_jobs) = 0 THEN
+        RETURN v_id;
+      END IF;
+      PERFORM 1 FROM postjob.unfinished WHERE job_id = ANY (v_jobs) ORDER BY job_id FOR UPDATE;
+      DELETE FROM postjob.event_waits w WHERE w.key = p_key AND w.job_id = ANY (v_jobs);
+      UPDATE postjob.unfinished u SET woken = true
+      WHERE u.job_id = ANY (v_jobs) AND u.lease_token IS NOT NULL
+        AND u.status IN ('ready', 'err', 'sleep');
+      UPDATE postjob.unfinished u SET due = true, run_at = statement_timestamp()
+      WHERE u.job_id = ANY (v_jobs) AND u.lease_token IS NULL AND u.status = 'sleep'
+        AND NOT u.due;
+      GET DIAGNOSTICS v_due = ROW_COUNT;
+      IF v_due > 0 THEN
+        PERFORM postjob._wake(v_due);
+      END IF;
+      RETURN v_id;
+    EXCEPTION WHEN deadlock_detected THEN
+      v_try := v_try + 1;
+      IF v_try >= 5 THEN
+        RAISE;
+      END IF;
+    END;
+  END LOOP;
 END;
 $$;

@@ -1,200 +1,236 @@
 -- Outcomes: how runs end, recorded in batches, and what a job's end means for its family.
 --
--- A worker sends the outcomes of many runs in one call (postjob.worker_cycle_v3, or
--- postjob.finish_jobs_v3 for a transactional job and JobQueue.complete/fail). The runs that
--- ended ok, nearly all of them, come as parallel arrays (ids, lease tokens, [value] results,
--- versions), the others as one JSON array with one element per run:
---   [id, lease_token, kind, result, error, message, backtrace, version, awaiting, retry_in,
---    wake_in]
--- kind is ok, err, failed, sleep or release; result is the run's [value] (ok); error, message
--- and backtrace describe a failure; version is the workflow version that ran; awaiting is the
--- child a sleeping parent waits for; retry_in is the seconds an err outcome waits before its
--- next attempt (the workflow's back-off: a policy of the Python code, never of the database);
--- wake_in, when a sleep has it, is the seconds until it runs again whatever wakes it before
--- (a durable sleep, an event's timeout: durable.sql), else it waits to be woken. The last
--- elements may be left out.
+-- A worker sends the outcomes of many runs in one call (postjob.finish_v4, in the same
+-- statement as its next checkout), as typed arrays:
+--   - the runs of root jobs that ended ok, nearly all of them: ids, lease tokens, [value]
+--     results, the workflow versions that ran;
+--   - every other outcome, one array element each: id, lease token, kind (ok, err, failed,
+--     sleep or release), error, message, backtrace (failures), version, the child a sleeping
+--     parent waits for (awaiting), and delay: for err, the seconds before the next attempt
+--     (the workflow's back-off: a policy of the Python code, never of the database); for a
+--     sleep, the seconds until it runs again whatever wakes it before (a durable sleep, an
+--     event's timeout: durable.sql), or NULL (it waits to be woken);
+--   - the runs that stopped without an outcome to record (their job was ended from outside
+--     while they ran): ids and lease tokens.
 -- Each outcome is fenced on its lease token: a run that lost its job (cancelled, reaped,
 -- reset) records nothing.
 
--- Record a batch of outcomes (the format is at the top of this file). p_done names the lease
--- tokens whose jobs have all ended (the worker knows): their lease rows go. Returns one row
--- per outcome that was not recorded ('lost': the run no longer held its job) and per sleep
--- that did not sleep ('woken': what it waited for had ended meanwhile).
-CREATE OR REPLACE FUNCTION postjob.finish_jobs_v3(
+-- Record a batch of outcomes (the format is at the top of this file). Returns one row per
+-- outcome that was not recorded ('lost': the run no longer held its job) and per sleep that
+-- did not sleep ('woken': what it waited for had ended meanwhile).
+CREATE OR REPLACE FUNCTION postjob.finish_v4(
   p_ok_ids bigint[], p_ok_tokens bigint[], p_ok_results jsonb[], p_ok_versions text[],
-  p_outcomes jsonb, p_done bigint[])
+  p_ids bigint[], p_tokens bigint[], p_kinds text[], p_errors text[], p_messages text[],
+  p_backtraces jsonb[], p_versions text[], p_awaiting bigint[], p_delays double precision[],
+  p_stopped bigint[], p_stopped_tokens bigint[])
 RETURNS TABLE (kind text, id bigint)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := statement_timestamp();
-  v_sleeping bigint[];
-  v_awaiting bigint[];
-  v_awaited_final bigint[] := '{}';
-  v_marked bigint[] := '{}';
-  v_accepted bigint[];
+  v_done bigint[] := '{}';
+  v_rest bigint[];
+BEGIN
+  IF cardinality(p_ok_ids) > 0 THEN
+    -- runs of root jobs that ended ok: their rows go, their records are settled (HOT)
+    WITH done AS (
+      DELETE FROM postjob.unfinished u USING unnest(p_ok_ids, p_ok_tokens) AS o(id, token)
+      WHERE u.job_id = ANY (p_ok_ids) AND u.job_id = o.id AND u.lease_token = o.token
+        AND u.parent_id IS NULL AND u.status IN ('ready', 'err', 'sleep')
+      RETURNING u.job_id
+    ), settled AS (
+      UPDATE postjob.postjobs j SET
+        status = 'ok', results = r.result, error = NULL, error_message = NULL,
+        error_backtrace = NULL, next_run_at = NULL, awaiting_id = NULL,
+        workflow_version = COALESCE(r.version, j.workflow_version),
+        processing_client = NULL, processing_client_identifier = NULL,
+        processing_started_at = NULL, processing_max_duration = NULL,
+        unique_key_held = false, updated_at = v_now
+      FROM unnest(p_ok_ids, p_ok_results, p_ok_versions) AS r(id, result, version)
+      WHERE j.id = ANY (ARRAY(SELECT d.job_id FROM done d)) AND j.id = r.id
+      RETURNING j.id
+    )
+    SELECT COALESCE(array_agg(s.id), '{}') INTO v_done FROM settled s;
+    IF EXISTS (SELECT 1 FROM postjob.queue_slots WHERE job_id IS NOT NULL) THEN
+      PERFORM postjob._free_places(v_done);
+    END IF;
+  END IF;
+  -- the rest (children that ended ok, failures, sleeps, releases, runs that stopped, and a
+  -- run that lost its job): one more function, whose locks keep the order of schema.sql
+  v_rest := ARRAY(SELECT x FROM unnest(p_ok_ids) x WHERE x <> ALL (v_done));
+  IF cardinality(v_rest) > 0 OR cardinality(p_ids) > 0 OR cardinality(p_stopped) > 0 THEN
+    RETURN QUERY
+    SELECT s.kind, s.id FROM postjob._settle(
+      p_ids || v_rest,
+      p_tokens || ARRAY(SELECT o.token FROM unnest(p_ok_ids, p_ok_tokens) AS o(id, token)
+                        WHERE o.id = ANY (v_rest)),
+      p_kinds || array_fill('ok'::text, ARRAY[cardinality(v_rest)]),
+      array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)])
+        || ARRAY(SELECT o.result FROM unnest(p_ok_ids, p_ok_results) AS o(id, result)
+                 WHERE o.id = ANY (v_rest)),
+      p_errors || array_fill(NULL::text, ARRAY[cardinality(v_rest)]),
+      p_messages || array_fill(NULL::text, ARRAY[cardinality(v_rest)]),
+      p_backtraces || array_fill(NULL::jsonb, ARRAY[cardinality(v_rest)]),
+      p_versions || ARRAY(SELECT o.version FROM unnest(p_ok_ids, p_ok_versions) AS o(id, version)
+                          WHERE o.id = ANY (v_rest)),
+      p_awaiting || array_fill(NULL::bigint, ARRAY[cardinality(v_rest)]),
+      p_delays || array_fill(NULL::double precision, ARRAY[cardinality(v_rest)]),
+      p_stopped, p_stopped_tokens) s;
+  END IF;
+END;
+$$;
+
+-- Give back the places in limited queues of these jobs, whose runs have ended; a freed place
+-- may let a waiting job of its queue start: an idle worker is woken.
+CREATE OR REPLACE FUNCTION postjob._free_places(p_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_freed integer;
+BEGIN
+  -- a place another transaction holds (a change of the queue's limits) is left: the reaper
+  -- frees a place whose job no longer runs
+  UPDATE postjob.queue_slots s SET job_id = NULL
+  WHERE (s.queue, s.slot) IN (SELECT x.queue, x.slot FROM postjob.queue_slots x
+                              WHERE x.job_id = ANY (p_ids) FOR UPDATE SKIP LOCKED);
+  GET DIAGNOSTICS v_freed = ROW_COUNT;
+  IF v_freed > 0 THEN
+    PERFORM postjob._wake(v_freed);
+  END IF;
+END;
+$$;
+
+-- The outcomes finish_v4 does not record itself (its format; p_results has the [value] of
+-- the ok ones, NULL for the others). The jobs' own rows are locked first and read after, by
+-- the next statement; the families are told without waiting (_tell_family): a run's outcome
+-- never waits for another job's row. A sleep finds itself woken when the child it waits for
+-- has ended, or a child's end is still to be told (postjob.wakeups).
+CREATE OR REPLACE FUNCTION postjob._settle(
+  p_ids bigint[], p_tokens bigint[], p_kinds text[], p_results jsonb[], p_errors text[],
+  p_messages text[], p_backtraces jsonb[], p_versions text[], p_awaiting bigint[],
+  p_delays double precision[], p_stopped bigint[], p_stopped_tokens bigint[])
+RETURNS TABLE (kind text, id bigint)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := statement_timestamp();
+  v_settled bigint[];
   v_final bigint[];
   v_failed bigint[];
   v_woken bigint[];
-  v_runnable boolean := false;
-  v_waiting boolean := false;
-  v_ids bigint[];
-  v_ok bigint[];
-  v_ok_final bigint[];
+  v_ended bigint[];
+  v_runnable integer;
 BEGIN
-  IF cardinality(p_ok_ids) > 0 THEN
-    -- the runs that ended ok: one lean UPDATE (HOT: nothing it changes is indexed)
-    WITH done AS (
-      UPDATE postjob.postjobs j SET
-        status = 'ok',
-        results = i.result,
-        error = NULL,
-        error_message = NULL,
-        error_backtrace = NULL,
-        next_run_at = NULL,
-        awaiting_id = NULL,
-        workflow_version = COALESCE(i.version, j.workflow_version),
-        processing_client = NULL,
-        processing_client_identifier = NULL,
-        processing_started_at = NULL,
-        processing_max_duration = NULL,
-        lease_expires_at = NULL,
-        lease_token = NULL,
-        worker_id = NULL,
-        unique_key_held = false,
-        updated_at = v_now
-      FROM unnest(p_ok_ids, p_ok_tokens, p_ok_results, p_ok_versions)
-        AS i(id, token, result, version)
-      WHERE j.id = ANY (p_ok_ids) AND j.id = i.id AND j.lease_token = i.token
-      RETURNING j.id, j.parent_id
-    )
-    SELECT array_agg(d.id), array_agg(d.id) FILTER (WHERE d.parent_id IS NOT NULL)
-      INTO v_ok, v_ok_final FROM done d;
-    IF cardinality(v_ok) IS DISTINCT FROM cardinality(p_ok_ids) THEN
-      RETURN QUERY SELECT 'lost'::text, x FROM unnest(p_ok_ids) AS x
-        WHERE x <> ALL (COALESCE(v_ok, '{}'));
-    END IF;
+  PERFORM 1 FROM postjob.unfinished WHERE job_id = ANY (p_ids || p_stopped)
+    ORDER BY job_id FOR UPDATE;
+  WITH plan AS MATERIALIZED (
+    SELECT o.*, x.status, x.run_at, x.run_at <= v_now AS due, w.woken
+    FROM unnest(p_ids, p_tokens, p_kinds, p_results, p_errors, p_messages, p_backtraces,
+                p_versions, p_awaiting, p_delays)
+      AS o(id, token, kind, result, error, message, backtrace, version, awaiting, delay)
+    JOIN postjob.unfinished u ON u.job_id = o.id AND u.lease_token = o.token
+                             AND u.status IN ('ready', 'err', 'sleep')
+    JOIN postjob.postjobs j ON j.id = o.id
+    CROSS JOIN LATERAL (  -- a sleep whose awaited child has ended, whose child's end is still
+                          -- to be told, or that was marked, is woken
+      SELECT o.kind = 'sleep' AND (u.woken OR EXISTS (
+        SELECT 1 FROM postjob.postjobs c WHERE c.id = o.awaiting
+          AND c.status IN ('ok', 'failed', 'timeout', 'cancelled')) OR EXISTS (
+        SELECT 1 FROM postjob.wakeups n JOIN postjob.postjobs c ON c.id = n.job_id
+        WHERE c.parent_id = o.id)) AS woken) w
+    CROSS JOIN LATERAL (
+      SELECT (CASE WHEN o.kind = 'ok' THEN 'ok'
+                   WHEN o.kind = 'failed' OR (o.kind = 'err' AND j.failed_attempts + 1 >= j.max_attempts)
+                     THEN 'failed'
+                   WHEN o.kind = 'err' THEN 'err'
+                   WHEN o.kind = 'sleep' AND NOT w.woken THEN 'sleep'
+                   WHEN o.kind = 'sleep' THEN 'ready'
+                   ELSE u.status END)::postjob.statuses AS status,
+             CASE WHEN o.kind = 'err' THEN v_now + greatest(COALESCE(o.delay, 0), 0) * interval '1 second'
+                  WHEN o.kind = 'release' OR w.woken THEN v_now
+                  WHEN o.kind = 'sleep' THEN v_now + o.delay * interval '1 second' END AS run_at) x
+  ), gone AS (
+    DELETE FROM postjob.unfinished u
+    WHERE u.job_id = ANY (ARRAY(SELECT p.id FROM plan p WHERE p.status IN ('ok', 'failed')))
+  ), kept AS (
+    UPDATE postjob.unfinished u SET status = p.status, run_at = p.run_at,
+      due = COALESCE(p.due, false), lease_token = NULL, worker_id = NULL, lease_expires_at = NULL,
+      started_at = NULL, holder = NULL, woken = false
+    FROM plan p
+    WHERE u.job_id = ANY (ARRAY(SELECT p.id FROM plan p WHERE p.status NOT IN ('ok', 'failed')))
+      AND u.job_id = p.id
+  ), records AS (
+    UPDATE postjob.postjobs j SET
+      status = p.status,
+      results = CASE WHEN p.status = 'ok' THEN p.result END,
+      error = CASE WHEN p.kind IN ('err', 'failed') THEN p.error END,
+      error_message = CASE WHEN p.kind IN ('err', 'failed') THEN p.message END,
+      error_backtrace = CASE WHEN p.kind IN ('err', 'failed') THEN p.backtrace END,
+      failed_attempts = j.failed_attempts + CASE WHEN p.kind IN ('err', 'failed') THEN 1 ELSE 0 END,
+      next_run_at = CASE WHEN p.status NOT IN ('ok', 'failed') THEN p.run_at END,
+      awaiting_id = CASE WHEN p.status = 'sleep' THEN p.awaiting END,
+      workflow_version = COALESCE(p.version, j.workflow_version),
+      processing_client = NULL, processing_client_identifier = NULL,
+      processing_started_at = NULL, processing_max_duration = NULL,
+      unique_key_held = j.unique_key_held AND p.status NOT IN ('ok', 'failed'),
+      updated_at = v_now
+    FROM plan p
+    WHERE j.id = ANY (ARRAY(SELECT p.id FROM plan p WHERE p.kind <> 'release')) AND j.id = p.id
+  )
+  SELECT array_agg(p.id), array_agg(p.id) FILTER (WHERE p.status IN ('ok', 'failed')),
+         array_agg(p.id) FILTER (WHERE p.status = 'failed'),
+         array_agg(p.id) FILTER (WHERE p.woken),
+         count(*) FILTER (WHERE p.status IN ('ready', 'err') AND p.due)
+    INTO v_settled, v_final, v_failed, v_woken, v_runnable FROM plan p;
+  -- the runs that stopped, and those whose job was ended from outside while they ran (their
+  -- outcome is not recorded, but their run is over)
+  v_ended := COALESCE(v_settled, '{}') || postjob._runs_stopped(
+    p_stopped || ARRAY(SELECT x FROM unnest(p_ids) x WHERE x <> ALL (COALESCE(v_settled, '{}'))),
+    p_stopped_tokens || ARRAY(SELECT o.token FROM unnest(p_ids, p_tokens) AS o(id, token)
+                              WHERE o.id <> ALL (COALESCE(v_settled, '{}'))));
+  IF EXISTS (SELECT 1 FROM postjob.queue_slots WHERE job_id IS NOT NULL) THEN
+    PERFORM postjob._free_places(v_ended);
   END IF;
-
-  IF jsonb_array_length(p_outcomes) > 0 THEN
-    SELECT array_agg((e->>0)::bigint), array_agg((e->>8)::bigint)
-      INTO v_sleeping, v_awaiting
-      FROM jsonb_array_elements(p_outcomes) e WHERE e->>2 = 'sleep';
-    IF v_sleeping IS NOT NULL THEN
-      -- Lock first, read after, in separate statements (a status filter in the locking
-      -- statement would be applied to the old row version, below the lock): a lock waits for
-      -- a completion of an awaited child (or a failed child's mark on this job) that is
-      -- committing right now, and the reads that follow take a new snapshot that sees it. The
-      -- locks also hold back a completion that starts now until this sleep has committed, so
-      -- it finds the job asleep. Children before parents, as a completion locks them.
-      PERFORM 1 FROM postjob.postjobs WHERE id = ANY (v_awaiting) ORDER BY id FOR SHARE;
-      PERFORM 1 FROM postjob.postjobs WHERE id = ANY (v_sleeping) ORDER BY id FOR UPDATE;
-      SELECT COALESCE(array_agg(id), '{}') INTO v_awaited_final FROM postjob.postjobs
-        WHERE id = ANY (v_awaiting) AND status IN ('ok', 'failed', 'timeout', 'cancelled');
-      SELECT COALESCE(array_agg(id), '{}') INTO v_marked FROM postjob.postjobs
-        WHERE id = ANY (v_sleeping) AND status = 'processing' AND next_run_at IS NOT NULL;
-    END IF;
-
-    v_ids := ARRAY(SELECT (e->>0)::bigint FROM jsonb_array_elements(p_outcomes) e);
-    WITH o AS (
-      SELECT (e->>0)::bigint AS id, (e->>1)::bigint AS token, e->>2 AS kind, e->3 AS result,
-             e->>4 AS error, e->>5 AS message, e->6 AS backtrace, e->>7 AS version,
-             (e->>8)::bigint AS awaiting, COALESCE((e->>9)::float8, 0) AS retry_in,
-             (e->>10)::float8 AS wake_in
-      FROM jsonb_array_elements(p_outcomes) e
-    ), i AS (
-      SELECT o.*, (o.kind = 'sleep'
-                   AND (o.awaiting = ANY (v_awaited_final) OR o.id = ANY (v_marked))) AS woken
-      FROM o
-    ), updated AS (
-      UPDATE postjob.postjobs j SET
-        status = (CASE
-          WHEN i.kind = 'ok' THEN 'ok'
-          WHEN i.kind = 'failed' THEN 'failed'
-          WHEN i.kind = 'err' AND j.failed_attempts + 1 < j.max_attempts THEN 'err'
-          WHEN i.kind = 'err' THEN 'failed'
-          WHEN i.kind = 'sleep' AND i.woken THEN 'ready'
-          WHEN i.kind = 'sleep' THEN 'sleep'
-          WHEN i.kind = 'release' THEN 'ready'
-        END)::postjob.statuses,
-        results = CASE WHEN i.kind = 'ok' THEN i.result END,
-        error = CASE WHEN i.kind IN ('err', 'failed') THEN i.error END,
-        error_message = CASE WHEN i.kind IN ('err', 'failed') THEN i.message END,
-        error_backtrace = CASE WHEN i.kind IN ('err', 'failed') THEN i.backtrace END,
-        failed_attempts = j.failed_attempts
-          + CASE WHEN i.kind IN ('err', 'failed') THEN 1 ELSE 0 END,
-        next_run_at = CASE
-          WHEN i.kind = 'err' AND j.failed_attempts + 1 < j.max_attempts
-            THEN v_now + greatest(i.retry_in, 0) * interval '1 second'
-          WHEN i.kind = 'release' OR i.woken THEN v_now
-          WHEN i.kind = 'sleep' THEN v_now + i.wake_in * interval '1 second'
-        END,
-        awaiting_id = CASE WHEN i.kind = 'sleep' AND NOT i.woken THEN i.awaiting END,
-        workflow_version = COALESCE(i.version, j.workflow_version),
-        processing_client = NULL,
-        processing_client_identifier = NULL,
-        processing_started_at = NULL,
-        processing_max_duration = NULL,
-        lease_expires_at = NULL,
-        lease_token = NULL,
-        worker_id = NULL,
-        unique_key_held = j.unique_key_held
-          AND NOT (i.kind IN ('ok', 'failed')
-                   OR (i.kind = 'err' AND j.failed_attempts + 1 >= j.max_attempts)),
-        updated_at = v_now
-      FROM i
-      -- the lease token alone fences: it is set exactly while the job is processing (a check
-      -- constraint says so)
-      -- (by id from an array too: a generic plan would not know the batch is small)
-      WHERE j.id = ANY (v_ids) AND j.id = i.id AND j.lease_token = i.token
-      RETURNING j.id, j.status, j.parent_id, j.workflow, j.workflow_version, j.queue,
-                j.priority, j.next_run_at, j.timing_out_at, i.woken
-    ), waits AS (
-      INSERT INTO postjob.waiting (job_id, status, workflow, workflow_version, queue, priority,
-                                   run_at, due, timing_out_at)
-      SELECT u.id, u.status, u.workflow, u.workflow_version, u.queue, u.priority, u.next_run_at,
-             u.next_run_at IS NOT NULL AND u.next_run_at <= v_now, u.timing_out_at
-      FROM updated u WHERE u.status IN ('ready', 'err', 'sleep')
-      ON CONFLICT (job_id) DO NOTHING
-      RETURNING 1
-    )
-    SELECT array_agg(u.id),
-           -- a final job matters to its parent, and a failed one to its descendants
-           array_agg(u.id) FILTER (WHERE (u.parent_id IS NOT NULL AND u.status IN ('ok', 'failed'))
-                                    OR u.status = 'failed'),
-           array_agg(u.id) FILTER (WHERE u.status = 'failed'),
-           array_agg(u.id) FILTER (WHERE u.woken),
-           bool_or(u.status = 'ready' OR (u.status = 'err' AND u.next_run_at <= v_now)),
-           bool_or(u.status = 'err' OR (u.status = 'sleep' AND u.next_run_at IS NOT NULL))
-      INTO v_accepted, v_final, v_failed, v_woken, v_runnable, v_waiting
-      FROM updated u;
-
-    RETURN QUERY
-      SELECT 'lost'::text, (e->>0)::bigint FROM jsonb_array_elements(p_outcomes) e
-      WHERE (e->>0)::bigint <> ALL (COALESCE(v_accepted, '{}'));
-    RETURN QUERY SELECT 'woken'::text, w FROM unnest(v_woken) AS w;
+  IF v_final IS NOT NULL THEN
+    PERFORM postjob._tell_family(v_final, COALESCE(v_failed, '{}'));
   END IF;
+  IF v_runnable > 0 THEN
+    PERFORM postjob._wake(v_runnable);
+  END IF;
+  RETURN QUERY
+    SELECT 'lost'::text, x FROM unnest(p_ids) x WHERE x <> ALL (COALESCE(v_settled, '{}'))
+    UNION ALL
+    SELECT 'woken'::text, x FROM unnest(v_woken) x;
+END;
+$$;
 
-  v_accepted := COALESCE(v_accepted, '{}') || COALESCE(v_ok, '{}');
-  v_final := COALESCE(v_final, '{}') || COALESCE(v_ok_final, '{}');
-  IF cardinality(v_accepted) > 0 THEN
-    IF EXISTS (SELECT 1 FROM postjob.queue_slots WHERE job_id IS NOT NULL) THEN
-      WITH freed AS (
-        UPDATE postjob.queue_slots SET job_id = NULL WHERE job_id = ANY (v_accepted)
-        RETURNING queue
-      )
-      -- a freed place may let a waiting job of its queue start: wake the idle workers
-      SELECT v_runnable OR count(*) > 0 INTO v_runnable FROM freed;
-    END IF;
-    IF cardinality(v_final) > 0 THEN
-      PERFORM postjob._jobs_ended(v_final, COALESCE(v_failed, '{}'));
-    END IF;
-    IF v_runnable OR v_waiting THEN
-      PERFORM pg_notify('postjob_notifications', '');
-    END IF;
+-- Runs that stopped without an outcome to record, under these lease tokens: a job ended
+-- from outside while it ran (cancelled, timed out with a failed ancestor) is done now, its
+-- row goes; a job that still stands is given back (due again, no attempt counted). The rows
+-- must be locked. Returns the ids whose leases ended.
+CREATE OR REPLACE FUNCTION postjob._runs_stopped(p_ids bigint[], p_tokens bigint[])
+RETURNS bigint[]
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+DECLARE
+  v_ids bigint[];
+BEGIN
+  IF cardinality(p_ids) = 0 THEN
+    RETURN '{}';
   END IF;
-  IF cardinality(p_done) > 0 THEN
-    DELETE FROM postjob.leases WHERE token = ANY (p_done);
-  END IF;
+  WITH stopped AS (
+    SELECT u.job_id, u.status IN ('ready', 'err', 'sleep') AS stands
+    FROM postjob.unfinished u JOIN unnest(p_ids, p_tokens) AS s(id, token)
+      ON u.job_id = s.id AND u.lease_token = s.token
+    WHERE u.job_id = ANY (p_ids)
+  ), gone AS (
+    DELETE FROM postjob.unfinished u
+    WHERE u.job_id = ANY (ARRAY(SELECT s.job_id FROM stopped s WHERE NOT s.stands))
+  ), back AS (
+    UPDATE postjob.unfinished u SET lease_token = NULL, worker_id = NULL,
+      lease_expires_at = NULL, started_at = NULL, holder = NULL, woken = false,
+      run_at = statement_timestamp(), due = u.workflow <> '__manual__'
+    WHERE u.job_id = ANY (ARRAY(SELECT s.job_id FROM stopped s WHERE s.stands))
+  )
+  SELECT COALESCE(array_agg(s.job_id), '{}') INTO v_ids FROM stopped s;
+  RETURN v_ids;
 END;
 $$;

@@ -1,17 +1,35 @@
 -- The postjob schema as it is now: its tables, indexes, constraints and triggers.
 --
 -- The revisions in postjob_sa/alembic/versions build this step by step, and a test compares a
--- database migrated to head with this file. The functions are in the other files of this folder.
+-- database migrated to head with this file. The functions are in the other files of this folder
+-- (README.md there says how a change to one is made).
 --
 -- Storage, in one paragraph. postjob.postjobs is the record of every job: one wide row that a
--- job keeps for its whole life. Its indexes are on columns a run never changes (id, parent,
--- tree, tags, unique key, errors), so the two updates of an ordinary run (checked out, then
--- ok) are HOT updates: the new row version goes on the same page and no index is touched
--- (hence the fillfactor). What the scheduler looks up lives in narrow tables of their own:
--- postjob.waiting has one row per job that waits (to run, now or later; for its children; for
--- a token), postjob.leases one row per checkout while its jobs run, and the limits of a queue
--- are rows that a checkout locks one by one (postjob.queue_slots, postjob.queue_starts).
--- Finished jobs are only in postjob.postjobs: whatever their number, checkout never reads them.
+-- job keeps for its whole life, written when the job is enqueued and when a run of it ends
+-- (and by operator commands), never when a worker checks it out. What the scheduler looks up
+-- lives in one narrow row per unfinished job, postjob.unfinished: where the job stands in its
+-- queue (due now, due later, waiting for children, an event or a person) and, while it runs,
+-- its lease (token, worker, expiry) as columns of that row. A checkout is one UPDATE of those
+-- rows; a run that ends ok deletes its row and settles the record once (a HOT update: no
+-- index of the record covers what changes). Finished jobs are only in postjob.postjobs:
+-- whatever their number, checkout never reads them. The status of a running job is derived:
+-- 'processing' while its row holds a lease (postjob.jobs, the view SQL readers use, and the
+-- Job model say so); the record keeps the status the job had before the run.
+--
+-- Lock order. Every function that locks rows of more than one job takes them in this order,
+-- so that no two of them wait for each other in a circle:
+--   1. an event key's bucket (postjob.event_keys), emits and waits alike;
+--   2. rows of postjob.unfinished, by ascending job id. A run's outcome locks its own rows and
+--      takes its family's (parent, descendants) only with SKIP LOCKED: what it cannot take
+--      now is told later (postjob.wakeups), so an outcome never waits for another job;
+--   3. records (postjob.postjobs), by ascending id, after the unfinished rows of those jobs;
+--   4. a queue's limit (postjob.queue_limits), then its places (postjob.queue_slots) and
+--      starts (postjob.queue_starts) by number;
+--   5. steps and event waits (postjob.steps, postjob.event_waits) of jobs locked above.
+-- A checkout never waits for a row: it takes job rows, places and starts with SKIP LOCKED.
+-- The one order a function cannot always keep is a tree that grows while it is cancelled or
+-- reset (a descendant spawned meanwhile has a later id than rows already locked): those
+-- functions try again when PostgreSQL reports a deadlock, so none reaches a caller.
 
 CREATE SCHEMA postjob;
 
@@ -49,26 +67,32 @@ CREATE TABLE postjob.postjobs (
   workflow_status               varchar,
   tags                          jsonb,
   awaiting_id                   bigint,
+  -- who holds the job, when a checkout through the API (JobQueue.checkout, a transactional
+  -- job) took it; a worker's checkout writes nothing here (postjob.unfinished has the lease)
   processing_client             varchar,
   processing_client_identifier  varchar,
   processing_started_at         timestamptz,
   processing_max_duration       double precision,
+  -- retired: the lease as pj0008 kept it, NULL since pj0009 (a write of these is a call of
+  -- that release's code that began before the upgrade: refused, see jobs.sql)
   lease_expires_at              timestamptz,
   lease_token                   bigint,
   worker_id                     bigint,
   priority                      integer NOT NULL DEFAULT 0,
   unique_key                    varchar,
-  -- true while the job is unfinished and has a unique_key: it holds the key
+  -- true while the job is unfinished and has a unique_key (the key itself is held by its row
+  -- in postjob.unfinished)
   unique_key_held               boolean NOT NULL DEFAULT false,
   -- the W3C trace context of the enqueue ({"traceparent": ..., "tracestate": ...}), when
   -- OpenTelemetry traced it; a child gets its parent's: a job tree is one trace
   trace_context                 jsonb,
+  -- the statement that inserted the job also wrote its row in postjob.unfinished (postjob_sa's
+  -- enqueue does, in one statement); false: the insert trigger writes it
+  queued                        boolean NOT NULL DEFAULT false,
   CONSTRAINT postjobs_args_array CHECK (jsonb_typeof(args) = 'array'),
   CONSTRAINT postjobs_tags_object CHECK (tags IS NULL OR jsonb_typeof(tags) = 'object'),
   CONSTRAINT postjobs_max_attempts_positive CHECK (max_attempts >= 1),
-  CONSTRAINT postjobs_timeout_positive CHECK (timeout IS NULL OR timeout > 0),
-  CONSTRAINT postjobs_lease_while_processing
-    CHECK ((status = 'processing') = (lease_token IS NOT NULL))
+  CONSTRAINT postjobs_timeout_positive CHECK (timeout IS NULL OR timeout > 0)
 ) WITH (fillfactor = 50);
 
 -- one child per (parent, workflow, method, args); also serves parent_id lookups
@@ -80,17 +104,79 @@ CREATE INDEX postjobs_tree_idx ON postjob.postjobs (root_id, full_id text_patter
   WHERE parent_id IS NOT NULL;
 CREATE INDEX postjobs_tags_idx ON postjob.postjobs USING gin (tags jsonb_path_ops)
   WHERE tags IS NOT NULL;
--- one unfinished job per unique key
-CREATE UNIQUE INDEX postjobs_unique_key_idx ON postjob.postjobs (unique_key)
-  WHERE unique_key_held;
 -- the jobs with an error: failed, timed out, cancelled, or waiting for a retry (an ok run
 -- leaves error NULL, so it never touches this index)
 CREATE INDEX postjobs_errors_idx ON postjob.postjobs (id) WHERE error IS NOT NULL;
 
--- One row per job that waits: to be run (ready or err; due now or at run_at), for its
--- children (sleep), or for a person (a manual step: ready, no run_at). Checkout deletes the
--- row of each job it hands out; a run that ends unfinished puts it back. workflow,
--- workflow_version, queue and priority are the job's.
+-- One row per unfinished job: ready, err, sleep (waiting for its children, an event, a time or a
+-- person), or running (it holds a lease). It goes when the job's last run has ended: with the
+-- outcome that settles it, or, for a job ended from outside while it ran (cancelled, or timed
+-- out by a failed ancestor), when that run has stopped; until then the row keeps the lease,
+-- with the final status, so that the job's place in a limited queue and reset's refusal hold.
+-- workflow, workflow_version, queue, priority and parent_id are the job's.
+CREATE TABLE postjob.unfinished (
+  job_id            bigint PRIMARY KEY,
+  -- ready, err or sleep: what the job waits as (a running job keeps the one it was taken in)
+  status            postjob.statuses NOT NULL,
+  workflow          varchar NOT NULL,
+  workflow_version  varchar NOT NULL,
+  queue             varchar NOT NULL,
+  priority          integer NOT NULL,
+  -- when it may run: NULL while it waits for children, an event or a token
+  run_at            timestamptz,
+  -- checkout may take it now (run_at has come; workers set it when it comes)
+  due               boolean NOT NULL,
+  timing_out_at     timestamptz,
+  parent_id         bigint,
+  -- the unique key the job holds while it is unfinished
+  unique_key        varchar,
+  -- the lease of its run: every write of the run is fenced on the token
+  lease_token       bigint,
+  -- the worker that holds the lease (as long as it beats), or NULL: a checkout through the
+  -- API, held until lease_expires_at
+  worker_id         bigint,
+  lease_expires_at  timestamptz,
+  started_at        timestamptz,
+  -- who holds a lease taken through the API (a worker is named by its row)
+  holder            varchar,
+  -- something the running job may wait for happened while it ran (a child ended, an event
+  -- came): the sleep its run ends with finds it woken
+  woken             boolean NOT NULL DEFAULT false,
+  CONSTRAINT unfinished_due_has_time CHECK (NOT due OR run_at IS NOT NULL),
+  CONSTRAINT unfinished_lease CHECK ((lease_token IS NULL) = (lease_expires_at IS NULL))
+) WITH (fillfactor = 80);
+
+-- checkout: the due jobs of one (workflow, version, queue), highest priority, then earliest
+CREATE INDEX unfinished_due_idx ON postjob.unfinished
+  (workflow, workflow_version, queue, priority DESC, run_at, job_id)
+  WHERE due AND lease_token IS NULL;
+-- the jobs whose time has not come, by when it comes (made due by the workers that run them)
+CREATE INDEX unfinished_scheduled_idx ON postjob.unfinished (workflow, workflow_version, run_at)
+  WHERE NOT due AND run_at IS NOT NULL AND lease_token IS NULL;
+-- deadlines (a job waiting past its deadline times out; a running one is not cut short)
+CREATE INDEX unfinished_timeout_idx ON postjob.unfinished (timing_out_at)
+  WHERE timing_out_at IS NOT NULL AND lease_token IS NULL;
+-- the leases, by holder (heartbeats and the reaper)
+CREATE INDEX unfinished_leased_idx ON postjob.unfinished (worker_id, lease_expires_at)
+  WHERE lease_token IS NOT NULL;
+-- one unfinished job per unique key
+CREATE UNIQUE INDEX unfinished_unique_key_idx ON postjob.unfinished (unique_key)
+  WHERE unique_key IS NOT NULL;
+
+-- Jobs that reached a final state whose families are still to be told (their parents woken
+-- or marked, their descendants ended): a run's outcome tells them at once, unless another
+-- transaction holds one of their rows; then they wait here for the next promotion
+-- (postjob._tell_pending), and a parent's sleep finds itself woken by its child's row here.
+CREATE TABLE postjob.wakeups (
+  job_id      bigint PRIMARY KEY,
+  failed      boolean NOT NULL,
+  created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- The narrow tables of pj0008, kept empty while workers of that release may still run: a
+-- call of theirs that began before the upgrade and writes them is refused with a
+-- serialization failure (its worker tries again, and then reaches this revision's functions;
+-- see _stale_call in jobs.sql). They go with the revision that stops serving pj0008.
 CREATE TABLE postjob.waiting (
   job_id            bigint PRIMARY KEY,
   status            postjob.statuses NOT NULL,
@@ -98,36 +184,18 @@ CREATE TABLE postjob.waiting (
   workflow_version  varchar NOT NULL,
   queue             varchar NOT NULL,
   priority          integer NOT NULL,
-  -- when it may run: NULL while it waits for children or for a token
   run_at            timestamptz,
-  -- checkout may take it now (run_at has come; workers set it when it comes)
   due               boolean NOT NULL,
   timing_out_at     timestamptz,
   CONSTRAINT waiting_status CHECK (status IN ('ready', 'err', 'sleep')),
   CONSTRAINT waiting_due_has_time CHECK (NOT due OR run_at IS NOT NULL)
 ) WITH (fillfactor = 90);
-
--- checkout: the due jobs of one (workflow, version, queue), highest priority, then earliest
-CREATE INDEX waiting_due_idx ON postjob.waiting
-  (workflow, workflow_version, queue, priority DESC, run_at, job_id) WHERE due;
--- the jobs whose time has not come, by when it comes (made due by the workers that run them)
-CREATE INDEX waiting_scheduled_idx ON postjob.waiting (workflow, workflow_version, run_at)
-  WHERE NOT due AND run_at IS NOT NULL;
--- deadlines (a job waiting past its deadline times out)
-CREATE INDEX waiting_timeout_idx ON postjob.waiting (timing_out_at)
-  WHERE timing_out_at IS NOT NULL;
-
--- One row per checkout whose jobs may still be running: the token they carry, the worker that
--- holds them (NULL: a checkout through the API, held until expires_at) and their ids. A
--- worker's lease lasts as long as its heartbeat; the worker deletes the row when its jobs have
--- ended, the reaper when the worker has gone.
 CREATE TABLE postjob.leases (
   token       bigint PRIMARY KEY,
   worker_id   bigint,
   expires_at  timestamptz NOT NULL,
   job_ids     bigint[] NOT NULL
 );
-CREATE INDEX leases_worker_idx ON postjob.leases (worker_id);
 
 CREATE TABLE postjob.tokens (
   id          bigserial PRIMARY KEY,
@@ -145,7 +213,10 @@ CREATE TABLE postjob.workers (
   expires_at     timestamptz NOT NULL,
   code_revision  varchar NOT NULL,
   workflows      text[] NOT NULL DEFAULT '{}',
-  queues         text[]
+  queues         text[],
+  -- since when the worker waits for work (it listens on postjob_worker_<id>): a new job
+  -- wakes the worker waiting longest, and clears this
+  waiting_since  timestamptz
 );
 
 -- A queue's limits. rate_slots, rate_counts and processing_ids are what the checkout of
@@ -167,9 +238,12 @@ CREATE TABLE postjob.queue_limits (
 -- A limited queue's places: a job takes a free one (job_id NULL) when it is checked out and
 -- gives it back when its run ends. Checkout locks the places it takes with SKIP LOCKED, so
 -- checkouts of several transactions (a transactional job's lasts as long as the job) never
--- share one, and no checkout waits for another.
+-- share one, and no checkout waits for another. The places and starts of a queue go with its
+-- limit (_queue_permits_removed), not by a foreign key: a key's check would lock the limit
+-- after the places when a transaction writes a place twice (a checkout, then the end of its
+-- run), against the order above, and meet a change of the limit in a deadlock.
 CREATE TABLE postjob.queue_slots (
-  queue   varchar NOT NULL REFERENCES postjob.queue_limits (queue) ON DELETE CASCADE,
+  queue   varchar NOT NULL,
   slot    integer NOT NULL,
   job_id  bigint,
   PRIMARY KEY (queue, slot)
@@ -179,7 +253,7 @@ CREATE INDEX queue_slots_job_idx ON postjob.queue_slots (job_id) WHERE job_id IS
 -- A rate-limited queue's starts: one row per start allowed in a period, free again once its
 -- last start is a period old. A time, not a count: changing the period never strands a start.
 CREATE TABLE postjob.queue_starts (
-  queue       varchar NOT NULL REFERENCES postjob.queue_limits (queue) ON DELETE CASCADE,
+  queue       varchar NOT NULL,
   n           integer NOT NULL,
   started_at  timestamptz,
   PRIMARY KEY (queue, n)
@@ -224,6 +298,14 @@ CREATE TABLE postjob.steps (
   CONSTRAINT steps_kind CHECK (kind IN ('step', 'sleep', 'event'))
 );
 
+-- The locks of event keys: a key's emits and waits update its bucket's row (one of 4096, by the
+-- key's hash) before anything else, so that they see each other (durable.sql).
+CREATE TABLE postjob.event_keys (
+  bucket   integer PRIMARY KEY,
+  changes  bigint NOT NULL DEFAULT 0,
+  CONSTRAINT event_keys_bucket CHECK (bucket BETWEEN 0 AND 4095)
+);
+
 -- Events (JobQueue.emit_event): a wait gets the first one under its key.
 CREATE TABLE postjob.events (
   id          bigserial PRIMARY KEY,
@@ -246,23 +328,59 @@ CREATE TABLE postjob.event_waits (
 );
 CREATE INDEX event_waits_key_idx ON postjob.event_waits (key);
 
--- Whatever inserts a job (JobQueue.enqueue, session.add(Job(...)), a spawn, a schedule's tick):
--- its ids, deadline and key are filled in row by row, and its waiting row is written and the
--- workers are woken once per statement (jobs.sql).
+-- Whatever inserts a job: its ids, deadline and key are filled in row by row, and, unless the
+-- inserting statement queued it itself (postjob_sa's enqueue, spawn and schedule ticks do),
+-- its row in postjob.unfinished is written and an idle worker woken, row by row (jobs.sql).
 CREATE TRIGGER postjobs_fill_ids BEFORE INSERT ON postjob.postjobs
   FOR EACH ROW
   WHEN (NEW.root_id IS NULL OR NEW.full_id IS NULL
         OR (NEW.timing_out_at IS NULL AND NEW.timeout IS NOT NULL)
-        OR NEW.unique_key IS NOT NULL)
+        OR (NEW.unique_key IS NOT NULL AND NOT NEW.queued))
   EXECUTE FUNCTION postjob._fill_job_ids();
 CREATE TRIGGER postjobs_added AFTER INSERT ON postjob.postjobs
-  REFERENCING NEW TABLE AS added
-  FOR EACH STATEMENT EXECUTE FUNCTION postjob._jobs_added();
+  FOR EACH ROW WHEN (NOT NEW.queued) EXECUTE FUNCTION postjob._job_added();
 CREATE TRIGGER postjobs_removed AFTER DELETE ON postjob.postjobs
   REFERENCING OLD TABLE AS removed
   FOR EACH STATEMENT EXECUTE FUNCTION postjob._jobs_removed();
 CREATE TRIGGER postjobs_truncated AFTER TRUNCATE ON postjob.postjobs
   FOR EACH STATEMENT EXECUTE FUNCTION postjob._jobs_truncated();
+-- what only an earlier release's function bodies write (see _stale_call): refused
+CREATE TRIGGER postjobs_retired_lease BEFORE UPDATE OF lease_token, lease_expires_at, worker_id
+  ON postjob.postjobs FOR EACH STATEMENT EXECUTE FUNCTION postjob._stale_call();
+CREATE TRIGGER waiting_retired BEFORE INSERT OR UPDATE OR DELETE ON postjob.waiting
+  FOR EACH STATEMENT EXECUTE FUNCTION postjob._stale_call();
+CREATE TRIGGER leases_retired BEFORE INSERT OR UPDATE ON postjob.leases
+  FOR EACH STATEMENT EXECUTE FUNCTION postjob._stale_call();
 -- a limit's places and starts follow its numbers
 CREATE TRIGGER queue_limits_permits AFTER INSERT OR UPDATE ON postjob.queue_limits
   FOR EACH ROW EXECUTE FUNCTION postjob._queue_permits();
+CREATE TRIGGER queue_limits_removed AFTER DELETE ON postjob.queue_limits
+  FOR EACH ROW EXECUTE FUNCTION postjob._queue_permits_removed();
+CREATE TRIGGER queue_limits_truncated AFTER TRUNCATE ON postjob.queue_limits
+  FOR EACH STATEMENT EXECUTE FUNCTION postjob._queue_permits_removed();
+
+-- The jobs as SQL readers see them (postjob ps, the dashboard, an app's own queries): the
+-- record, with the status and lease of a running job, and when a waiting one may run, from
+-- its row in postjob.unfinished.
+CREATE VIEW postjob.jobs AS
+SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue,
+       j.workflow, j.workflow_method, j.workflow_version, j.args,
+       CASE WHEN u.lease_token IS NOT NULL AND u.status IN ('ready', 'err', 'sleep')
+            THEN 'processing'::postjob.statuses ELSE j.status END AS status,
+       CASE WHEN u.job_id IS NOT NULL THEN u.run_at ELSE j.next_run_at END AS next_run_at,
+       j.timeout, j.timing_out_at, j.failed_attempts, j.max_attempts, j.results, j.error,
+       j.error_message, j.error_backtrace, j.workflow_status, j.tags, j.awaiting_id,
+       CASE WHEN u.lease_token IS NOT NULL THEN j.processing_client END AS processing_client,
+       CASE WHEN u.lease_token IS NOT NULL
+            THEN COALESCE(j.processing_client_identifier, u.holder, w.identifier)
+       END AS processing_client_identifier,
+       u.started_at AS processing_started_at,
+       EXTRACT(EPOCH FROM COALESCE(greatest(w.expires_at, u.lease_expires_at), u.lease_expires_at)
+                          - u.started_at)::double precision AS processing_max_duration,
+       CASE WHEN u.worker_id IS NOT NULL THEN greatest(w.expires_at, u.lease_expires_at)
+            ELSE u.lease_expires_at END AS lease_expires_at,
+       u.lease_token, u.worker_id, j.priority, j.unique_key,
+       u.unique_key IS NOT NULL AS unique_key_held, j.trace_context
+FROM postjob.postjobs j
+LEFT JOIN postjob.unfinished u ON u.job_id = j.id
+LEFT JOIN postjob.workers w ON w.id = u.worker_id;

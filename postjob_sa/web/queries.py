@@ -4,8 +4,8 @@ that run them. Values travel as bound parameters only; optional filters are
 
 What serves each statement at 1,000,000 jobs (bench/web.py measures it):
 
-* waiting jobs (ready, err, sleep, manual steps): the narrow ``postjob.waiting`` table, which
-  holds nothing else; running jobs: ``postjob.leases`` and the primary key;
+* unfinished jobs (ready, err, sleep, manual steps, running): the narrow
+  ``postjob.unfinished`` table, which holds nothing else;
 * failed, timed-out and cancelled jobs: ``postjobs_errors_idx`` (each of them has an error);
 * the throughput of the last hour reads the jobs table (no index is kept per finished job for
   it: the hot path would pay for it on every job);
@@ -47,17 +47,14 @@ DB_NOW = text("SELECT now()")
 
 # -- overview --------------------------------------------------------------------------------
 
-#: Jobs per queue and status except ok: the waiting ones (ready, err, sleep) from
-#: postjob.waiting, the running ones through their leases (a lease row whose jobs have ended
-#: goes with its worker's next cycle; a job's lease_token is cleared when it ends), the ones that ended badly through
-#: postjobs_errors_idx (each of them carries an error).
+#: Jobs per queue and status except ok: the unfinished ones (waiting as ready, err or sleep,
+#: or running: their rows hold a lease) from postjob.unfinished, the ones that ended badly
+#: through postjobs_errors_idx (each of them carries an error).
 QUEUE_STATUS_COUNTS = text(
-    "SELECT queue, status::text AS status, count(*) AS jobs, "
-    "count(*) FILTER (WHERE run_at <= now()) AS due "
-    "FROM postjob.waiting GROUP BY 1, 2 "
-    "UNION ALL "
-    "SELECT j.queue, 'processing', count(*), 0 FROM postjob.leases l "
-    "JOIN postjob.postjobs j ON j.id = ANY (l.job_ids) AND j.lease_token = l.token GROUP BY 1 "
+    "SELECT queue, CASE WHEN lease_token IS NOT NULL THEN 'processing' ELSE status::text END "
+    "AS status, count(*) AS jobs, "
+    "count(*) FILTER (WHERE lease_token IS NULL AND run_at <= now()) AS due "
+    "FROM postjob.unfinished WHERE status IN ('ready', 'err', 'sleep') GROUP BY 1, 2 "
     "UNION ALL "
     "SELECT queue, status::text, count(*), 0 FROM postjob.postjobs "
     "WHERE error IS NOT NULL AND status IN ('failed', 'timeout', 'cancelled') GROUP BY 1, 2"
@@ -82,26 +79,27 @@ THROUGHPUT_LAST_HOUR = text(
     "GROUP BY 1, 2, 3"
 )
 
-#: Per queue (of :queues), the job that has been due the longest (postjob.waiting holds only
-#: the jobs that wait, so this reads no finished job). Manual steps wait for a person instead.
+#: Per queue (of :queues), the job that has been due the longest (postjob.unfinished holds
+#: only unfinished jobs, so this reads no finished one). Manual steps wait for a person.
 QUEUE_OLDEST_DUE = text(
     "SELECT o.queue, o.id, o.workflow, o.status, o.next_run_at "
     "FROM unnest(CAST(:queues AS text[])) AS q(name) CROSS JOIN LATERAL ("
     "  SELECT w.queue, w.job_id AS id, w.workflow, w.status::text AS status, "
-    "  w.run_at AS next_run_at FROM postjob.waiting w WHERE w.queue = q.name "
-    "  AND w.run_at <= now() AND w.workflow <> '__manual__' "
+    "  w.run_at AS next_run_at FROM postjob.unfinished w WHERE w.queue = q.name "
+    "  AND w.run_at <= now() AND w.workflow <> '__manual__' AND w.lease_token IS NULL "
     "  ORDER BY w.run_at, w.job_id LIMIT 1) o ORDER BY o.queue"
 )
 
 #: Manual steps waiting for their token, oldest first.
 MANUAL_STEPS_OPEN = text(
-    "SELECT j.id, j.root_id, j.args, j.created_at FROM postjob.waiting w "
+    "SELECT j.id, j.root_id, j.args, j.created_at FROM postjob.unfinished w "
     "JOIN postjob.postjobs j ON j.id = w.job_id WHERE w.workflow = '__manual__' "
     "ORDER BY w.job_id LIMIT :limit"
 )
 
 MANUAL_STEPS_OPEN_COUNT = text(
-    "SELECT count(*) FROM postjob.waiting WHERE workflow = '__manual__'"
+    "SELECT count(*) FROM postjob.unfinished WHERE workflow = '__manual__' "
+    "AND status IN ('ready', 'err', 'sleep')"
 )
 
 #: Worker connections: a worker names its connection "postjob worker host:pid".
@@ -121,24 +119,23 @@ WORKERS_REGISTERED = text(
 
 #: What each worker holds now, by the identifier it checked the jobs out under.
 WORKERS_BUSY = text(
-    "SELECT COALESCE(j.processing_client_identifier, j.processing_client, '?') AS identifier, "
-    "count(*) AS jobs, min(j.processing_started_at) AS since, "
-    "min(l.expires_at) AS lease_expires_at FROM postjob.leases l "
-    "JOIN postjob.postjobs j ON j.id = ANY (l.job_ids) AND j.lease_token = l.token "
-    "GROUP BY 1 ORDER BY 1"
+    "SELECT COALESCE(u.holder, w.identifier, '?') AS identifier, "
+    "count(*) AS jobs, min(u.started_at) AS since, "
+    "min(greatest(w.expires_at, u.lease_expires_at)) AS lease_expires_at "
+    "FROM postjob.unfinished u LEFT JOIN postjob.workers w ON w.id = u.worker_id "
+    "WHERE u.lease_token IS NOT NULL GROUP BY 1 ORDER BY 1"
 )
 
 #: Jobs no running worker seems able to run: due for longer than :grace seconds while no
 #: job of the same workflow (and version) is running. Grouped, oldest first.
 JOBS_STRANDED = text(
     "SELECT s.queue, s.workflow, s.workflow_version, count(*) AS jobs, "
-    "min(s.run_at) AS due_since, min(s.job_id) AS example_id FROM postjob.waiting s "
-    "WHERE s.workflow <> '__manual__' "
+    "min(s.run_at) AS due_since, min(s.job_id) AS example_id FROM postjob.unfinished s "
+    "WHERE s.workflow <> '__manual__' AND s.lease_token IS NULL "
     "AND s.run_at <= now() - make_interval(secs => :grace) "
-    "AND NOT EXISTS (SELECT 1 FROM postjob.leases l "
-    "  JOIN postjob.postjobs j ON j.id = ANY (l.job_ids) AND j.lease_token = l.token "
-    "  WHERE j.workflow = s.workflow "
-    "  AND (s.workflow_version = '' OR j.workflow_version = s.workflow_version)) "
+    "AND NOT EXISTS (SELECT 1 FROM postjob.unfinished r "
+    "  WHERE r.lease_token IS NOT NULL AND r.workflow = s.workflow "
+    "  AND (s.workflow_version = '' OR r.workflow_version = s.workflow_version)) "
     "GROUP BY 1, 2, 3 ORDER BY min(s.run_at) LIMIT :limit"
 )
 
@@ -149,7 +146,7 @@ JOBS_PAGE = text(
     "SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
     "j.workflow, j.workflow_version, j.status::text AS status, j.next_run_at, "
     "j.failed_attempts, j.max_attempts, j.error, j.error_message, j.workflow_status, j.tags, "
-    "left(j.args::text, 160) AS args_text FROM postjob.postjobs j "
+    "left(j.args::text, 160) AS args_text FROM postjob.jobs j "
     "WHERE j.id < :before AND j.id >= :floor "
     "AND (CAST(:statuses AS postjob.statuses[]) IS NULL "
     "     OR j.status = ANY(CAST(:statuses AS postjob.statuses[]))) "
@@ -175,7 +172,7 @@ JOB_BY_ID = text(
     "j.error, j.error_message, j.error_backtrace, j.workflow_status, j.tags, j.awaiting_id, "
     "j.processing_client, j.processing_client_identifier, j.processing_started_at, "
     "j.processing_max_duration, j.lease_expires_at, j.lease_token, t.token::text AS token "
-    "FROM postjob.postjobs j LEFT JOIN postjob.tokens t ON t.postjob_id = j.id WHERE j.id = :id"
+    "FROM postjob.jobs j LEFT JOIN postjob.tokens t ON t.postjob_id = j.id WHERE j.id = :id"
 )
 
 #: A whole tree: the root by its primary key, its descendants by postjobs_tree_idx.
@@ -184,7 +181,7 @@ JOB_TREE = text(
     "j.status::text AS status, left(j.args::text, 200) AS args_text, "
     "left(j.results::text, 200) AS results_text, j.error, j.error_message, j.awaiting_id, "
     "j.workflow_status, j.next_run_at, j.failed_attempts, j.max_attempts, j.updated_at, "
-    "t.token::text AS token FROM postjob.postjobs j "
+    "t.token::text AS token FROM postjob.jobs j "
     "LEFT JOIN postjob.tokens t ON t.postjob_id = j.id "
     "WHERE j.id = :root OR (j.root_id = :root AND j.parent_id IS NOT NULL) "
     "ORDER BY j.id LIMIT :limit"

@@ -1,4 +1,4 @@
-"""Runs one job and turns what its workflow did into an outcome for ``finish_jobs_v3``.
+"""Runs one job and turns what its workflow did into an outcome for ``postjob.finish_v4``.
 
 Whatever the workflow does, the outcome can be stored: a result PostgreSQL would refuse fails the
 job with ``ResultNotJSON``, and error text is escaped (NUL, lone surrogates) and cut to size. A
@@ -30,7 +30,7 @@ MAX_FRAMES = 100
 
 @dataclass(slots=True)
 class Outcome:
-    """How one run ended: one element of the outcomes ``postjob.finish_jobs_v3`` records."""
+    """How one run ended: one element of the outcomes ``postjob.finish_v4`` records."""
 
     job_id: int
     lease_token: int | None
@@ -65,15 +65,11 @@ class Outcome:
             self.kind == "err" and self.attempt is not None and self.max_attempts is not None
             and self.attempt >= self.max_attempts)
 
-    def element(self) -> str:
-        """This outcome as one element of finish_jobs_v3's JSON array: [id, lease_token, kind,
-        result, error, message, backtrace, version, awaiting, retry_in, wake_in]."""
-        retry = "null" if self.retry_in is None else repr(float(self.retry_in))
-        wake = "" if self.wake_in is None else f",{float(self.wake_in)!r}"
-        return (f"[{self.job_id},{_json_int(self.lease_token)},{_json_text(self.kind)},"
-                f"{self.result or 'null'},{_json_text(self.error)},{_json_text(self.message)},"
-                f"{self.backtrace or 'null'},{_json_text(self.version)},"
-                f"{_json_int(self.awaiting)},{retry}{wake}]")
+    @property
+    def delay(self) -> float | None:
+        """finish_v4's delay: an err's seconds before the next attempt, a sleep's until it runs
+        again (None: until it is woken)."""
+        return self.retry_in if self.kind == "err" else self.wake_in if self.kind == "sleep" else None
 
     def rejected(self, reason: str) -> Outcome:
         """This run failed instead, because the database refused its outcome."""
@@ -86,39 +82,57 @@ class Outcome:
         )
 
 
-def _json_int(value: int | None) -> str:
-    return "null" if value is None else str(int(value))
-
-
-def _json_text(value: str | None) -> str:
-    return "null" if value is None else _json.encode(value)
-
-
-def outcome_params(outcomes: list[Outcome], *, literals: bool = True) -> dict[str, Any]:
-    """finish_jobs_v3's arguments for a batch of outcomes: the ok ones as array literals (ids,
-    lease tokens, results, versions: built as text, which costs the worker less than its
-    psycopg driver adapting lists element by element), or as lists (``literals=False``: for a
-    caller's session, whose driver may type its parameters, as asyncpg does); the others as
-    one JSON array of elements."""
+def outcome_params(outcomes: list[Outcome], stopped: list[tuple[int, int]] | None = None, *,
+                   literals: bool = True) -> dict[str, Any]:
+    """finish_v4's arguments (postjob_sa/sql/outcomes.sql) for a batch of outcomes and the runs
+    that stopped without one (id, lease token): array literals (built as text, which costs
+    the worker less than its psycopg driver adapting lists element by element), or lists
+    (``literals=False``: for a caller's session, whose driver may type its parameters, as
+    asyncpg does)."""
     ok = [o for o in outcomes if o.kind == "ok"]
     others = [o for o in outcomes if o.kind != "ok"] if len(ok) < len(outcomes) else []
-    if not literals:
-        return {"ok_ids": [o.job_id for o in ok], "ok_tokens": [o.lease_token for o in ok],
-                "ok_results": [o.result or "[null]" for o in ok],
-                "ok_versions": [o.version for o in ok],
-                "outcomes": "[" + ",".join([o.element() for o in others]) + "]"}
-    return {
-        "ok_ids": "{" + ",".join([str(o.job_id) for o in ok]) + "}",
-        "ok_tokens": "{" + ",".join([_json_int(o.lease_token) for o in ok]) + "}",
-        "ok_results": "{" + ",".join([_array_text(o.result or _NULL) for o in ok]) + "}",
-        "ok_versions": "{" + ",".join([_array_text(o.version) for o in ok]) + "}",
-        "outcomes": "[" + ",".join([o.element() for o in others]) + "]",
+    stopped = stopped or []
+    columns: dict[str, tuple[str, list[Any]]] = {
+        "ok_ids": ("n", [o.job_id for o in ok]),
+        "ok_tokens": ("n", [o.lease_token for o in ok]),
+        "ok_results": ("t", [o.result or _NULL for o in ok]),
+        "ok_versions": ("t", [o.version for o in ok]),
+        "ids": ("n", [o.job_id for o in others]),
+        "tokens": ("n", [o.lease_token for o in others]),
+        "kinds": ("t", [o.kind for o in others]),
+        "errors": ("t", [o.error for o in others]),
+        "messages": ("t", [o.message for o in others]),
+        "backtraces": ("t", [o.backtrace for o in others]),
+        "versions": ("t", [o.version for o in others]),
+        "awaiting": ("n", [o.awaiting for o in others]),
+        "delays": ("n", [o.delay for o in others]),
+        "stopped": ("n", [job_id for job_id, _ in stopped]),
+        "stopped_tokens": ("n", [token for _, token in stopped]),
     }
+    if not literals:
+        return {name: values for name, (_, values) in columns.items()}
+    return {name: _numbers(values) if kind == "n" else _texts(values)
+            for name, (kind, values) in columns.items()}
 
 
 _NULL = "[null]"
-#: The quoted array elements of the texts most outcomes carry (versions, a None result).
+#: The quoted array elements of the texts most outcomes carry (versions, kinds, a None result).
 _QUOTED: dict[str | None, str] = {None: "NULL"}
+
+
+def _numbers(values: list[Any]) -> str:
+    """A PostgreSQL array literal of numbers (None: NULL)."""
+    if not values:
+        return "{}"
+    return "{" + ",".join(["NULL" if v is None else repr(v) if isinstance(v, float) else str(int(v))
+                           for v in values]) + "}"
+
+
+def _texts(values: list[str | None]) -> str:
+    """A PostgreSQL array literal of texts (None: NULL)."""
+    if not values:
+        return "{}"
+    return "{" + ",".join([_array_text(v) for v in values]) + "}"
 
 
 def _array_text(value: str | None) -> str:

@@ -1,10 +1,12 @@
-"""The jobs a worker holds: each one's lease token, the leases that ended, the jobs lost.
+"""The jobs a worker holds: each one's lease token, the runs that stopped, the jobs lost.
 
-A checkout hands its jobs out under one lease (a row of ``postjob.leases``); the worker holds
-them until their outcomes are recorded, they are handed back, or their runs find the job gone.
-A lease none of the held jobs carries any more has ended: the next cycle deletes its row. The
-heartbeat extends the leases of the held jobs and marks the ones no longer the worker's (lost),
-which the running code checks (:meth:`HeldJobs.is_lost`).
+A checkout hands its jobs out under one lease token, written into their rows of
+``postjob.unfinished``; the worker holds them until their outcomes are recorded, they are
+handed back, or their runs find the job gone. A run that stopped without an outcome to record
+(its job was cancelled, or ended with a failed ancestor, while it ran) is told to the
+database with the next cycle, which ends its lease: until then the job keeps its place in a
+limited queue and reset waits. The heartbeat marks the held jobs no longer the worker's
+(lost), which the running code checks (:meth:`HeldJobs.is_lost`).
 """
 
 from __future__ import annotations
@@ -19,32 +21,29 @@ class HeldJobs:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}  # job id -> lease token
-        self._carried: dict[int, int] = {}  # lease token -> held jobs that carry it
-        self._ended: list[int] = []
+        self._stopped: list[tuple[int, int]] = []
         self._lost: set[int] = set()
 
     def hold(self, leases: Iterable[tuple[int, int]]) -> None:
         with self._lock:
             for job_id, token in leases:
-                if job_id in self._held:
-                    continue
-                self._held[job_id] = token
-                self._carried[token] = self._carried.get(token, 0) + 1
+                self._held.setdefault(job_id, token)
 
     def release(self, ids: Iterable[int]) -> None:
-        """These jobs' runs have ended (recorded, handed back or lost)."""
+        """These jobs' runs have ended and their outcomes are recorded (or handed back)."""
+        with self._lock:
+            for job_id in ids:
+                self._lost.discard(job_id)
+                self._held.pop(job_id, None)
+
+    def stop(self, ids: Iterable[int]) -> None:
+        """These jobs' runs stopped with no outcome to record: the next cycle says so."""
         with self._lock:
             for job_id in ids:
                 self._lost.discard(job_id)
                 token = self._held.pop(job_id, None)
-                if token is None:
-                    continue
-                left = self._carried[token] - 1
-                if left:
-                    self._carried[token] = left
-                else:
-                    del self._carried[token]
-                    self._ended.append(token)
+                if token is not None:
+                    self._stopped.append((job_id, token))
 
     def snapshot(self) -> dict[int, int]:
         """The held jobs now, id -> lease token (for a heartbeat)."""
@@ -63,14 +62,19 @@ class HeldJobs:
         with self._lock:
             return job_id in self._lost
 
-    def take_ended(self) -> list[int]:
-        """The leases whose jobs have all ended since the last call."""
+    def take_stopped(self) -> list[tuple[int, int]]:
+        """The runs that stopped without an outcome since the last call (id, lease token)."""
         with self._lock:
-            ended, self._ended = self._ended, []
-            return ended
+            stopped, self._stopped = self._stopped, []
+            return stopped
 
-    def put_back_ended(self, tokens: list[int]) -> None:
-        """Leases taken that could not be released (the cycle failed): the next one tries."""
-        if tokens:
+    def put_back_stopped(self, stopped: list[tuple[int, int]]) -> None:
+        """Stopped runs taken that could not be told (the cycle failed): the next one tries."""
+        if stopped:
             with self._lock:
-                self._ended[:0] = tokens
+                self._stopped[:0] = stopped
+
+    @property
+    def has_stopped(self) -> bool:
+        with self._lock:
+            return bool(self._stopped)

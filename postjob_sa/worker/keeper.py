@@ -127,8 +127,7 @@ class Keeper:
         if self.worker_id is None or conn is None or conn.closed:
             return  # the row expires by itself
         try:
-            conn.scalar(_sql.WORKER_UNREGISTER, {"worker_id": self.worker_id,
-                                                 "done": list(self.held.take_ended())})
+            conn.scalar(_sql.WORKER_UNREGISTER, {"worker_id": self.worker_id})
         except Exception as exc:
             if schema_error(exc) is None:  # with the schema gone there is no row to remove
                 log.warning("could not unregister the worker (its row expires by itself): %s",
@@ -142,6 +141,11 @@ class Keeper:
 
     def release(self, ids: Iterable[int]) -> None:
         self.held.release(ids)
+
+    def stop(self, ids: Iterable[int]) -> None:
+        """These runs stopped with no outcome to record (their jobs ended from outside)."""
+        self.held.stop(ids)
+        self.nudge()
 
     def is_lost(self, job_id: int) -> bool:
         """Whether a heartbeat found this job no longer ours (cancelled, reaped, reset)."""
@@ -186,15 +190,18 @@ class Keeper:
         """An outcome was buffered: make sure it is recorded within FLUSH_DELAY."""
         self._flusher.nudge()
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stop the background duties."""
         self._flusher.stop()
         self._heartbeat.stop()
 
     def _flush_due_in(self) -> float:
         age = self.recorder.age()
-        return float("inf") if age is None else FLUSH_DELAY - age
+        if age is None:
+            return 0.0 if self.held.has_stopped else float("inf")
+        return FLUSH_DELAY - age
 
     def _flush_aged(self, conn: Conn) -> None:
         outcomes = self.recorder.take()
-        if outcomes:
-            self.recorder.cycle(conn, outcomes, None, self.worker_id, self.identifier)
+        if outcomes or self.held.has_stopped:
+            self.recorder.cycle(conn, outcomes, None, self.worker_id)

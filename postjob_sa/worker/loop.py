@@ -60,7 +60,7 @@ class Worker:
         self.tx_pairs_async = registry.pairs(options.workflows, transactional=tx, is_async=True)
         self.tx_pairs = (self.tx_pairs_sync[0] + self.tx_pairs_async[0],
                          self.tx_pairs_sync[1] + self.tx_pairs_async[1])
-        self.recorder = Recorder(fast_mode=options.fast_mode, lease=options.lease)
+        self.recorder = Recorder(lease=options.lease)
         self.keeper = Keeper(
             engine, self.recorder, lease=options.lease, identifier=options.identifier,
             revision=head_revision(), workflows=self.lease_pairs[0] + self.tx_pairs[0],
@@ -109,6 +109,7 @@ class Worker:
                 self._connect()
                 assert self.conn is not None
                 self.keeper.register(self.conn)
+                self.waker.own_channel(self.conn, self.keeper.worker_id)
                 self.scheduler.register(self.conn)
                 self.unknown.check(self.conn)
                 self.keeper.start()
@@ -144,7 +145,7 @@ class Worker:
         self.waker.reset()
 
     def _shutdown(self) -> None:
-        self.keeper.stop()
+        self.keeper.halt()
         try:
             self._flush()
         except Exception as exc:
@@ -174,6 +175,8 @@ class Worker:
                 self._connect()
                 assert self.conn is not None
                 self.keeper.beat_if_due(self.conn)
+                if self.waker.private and self.waker.worker_id != self.keeper.worker_id:
+                    self.waker.own_channel(self.conn, self.keeper.worker_id)  # registered anew
                 self.scheduler.tick_if_due(self.conn)
                 did = self._transactional_step(self.conn) if self.tx_pairs[0] else 0
                 if self.lease_pairs[0] and not self._done():
@@ -213,7 +216,8 @@ class Worker:
 
     def _idle_params(self, reap: bool) -> dict[str, Any]:
         names, versions = self.lease_pairs[0] + self.tx_pairs[0], self.lease_pairs[1] + self.tx_pairs[1]
-        return {"workflows": names, "versions": versions, "queues": self.opts.queues,
+        return {"worker_id": self.keeper.worker_id if self.waker.private else None,
+                "workflows": names, "versions": versions, "queues": self.opts.queues,
                 "reap": reap}
 
     # -- lease mode, one job at a time -------------------------------------------------------
@@ -231,10 +235,9 @@ class Worker:
         checkout = {"workflows": names, "versions": versions,
                     "queues": self.opts.queues, "limit": limit, "reap": reap,
                     "promote": self.idle.promote_at_checkout()}
-        rows = self.recorder.cycle(self.conn, self.recorder.take(), checkout,
-                                   self.keeper.worker_id, self.opts.identifier)
-        self.idle.checked_out(bool(rows), reap)
-        jobs = [RunningJob(*r[1:]) for r in rows]
+        jobs = self.recorder.cycle(self.conn, self.recorder.take(), checkout,
+                                   self.keeper.worker_id)
+        self.idle.checked_out(bool(jobs), reap)
         if jobs:
             token = jobs[0].lease_token  # one checkout, one lease
             assert token is not None
@@ -295,7 +298,7 @@ class Worker:
             log.warning("%s: %s: the run is abandoned", outcome.describe(), why,
                         extra=job_fields(outcome))
             _metrics.lease_lost(job.workflow)
-            self.keeper.release([job.id])
+            self.keeper.stop([job.id])
             return
         if self.recorder.add(outcome):
             self.keeper.nudge()
@@ -310,14 +313,15 @@ class Worker:
             self.recorder.add(Outcome(job.id, job.lease_token, "release", workflow=job.workflow))
 
     def _flush(self) -> None:
-        """Record every buffered outcome now, on the worker's own connection."""
+        """Record every buffered outcome now (and the runs that stopped without one), on the
+        worker's own connection."""
         outcomes = self.recorder.take()
-        if not outcomes:
+        if not outcomes and not self.recorder.held.has_stopped:
             return
         if self.conn is None:
             self.recorder.put_back(outcomes)
             raise ConnectionError("no connection to record the outcomes on")
-        self.recorder.cycle(self.conn, outcomes, None, self.keeper.worker_id, self.opts.identifier)
+        self.recorder.cycle(self.conn, outcomes, None, self.keeper.worker_id)
 
     # -- lease mode, several jobs at once ------------------------------------------------------
 
@@ -379,7 +383,7 @@ class Worker:
                 continue
             params = {"worker_id": self.keeper.worker_id, "identifier": self.opts.identifier,
                       "workflows": names, "versions": versions, "queues": self.opts.queues,
-                      "limit": 1, "lease": self.opts.lease, "promote": False}
+                      "limit": 1, "lease": self.opts.lease}
             with self.stopper.running():
                 if is_async:
                     job_id = self.job_loop().submit(self.tx_runner.step_async(params)).result()

@@ -1,8 +1,10 @@
 """Outcomes waiting to be recorded, and recording them.
 
-Outcomes are recorded in batches: one ``postjob.worker_cycle_v3`` call, together with the next
-checkout when the worker loop records them, sends them as one JSON array and gets back only
-what did not go as sent (a run that had lost its job; a sleep whose child had ended). What each
+Outcomes are recorded in batches: one ``postjob.finish_v4`` call, in the same statement as the
+next checkout when the worker loop records them (``_sql.WORKER_CYCLE``), sends them as typed
+arrays and gets back only what did not go as sent (a run that had lost its job; a sleep whose
+child had ended). The rows cross into Python here, by name: the jobs checked out as
+:class:`~postjob_sa.context.RunningJob`, the others as sets of ids. What each
 recorded outcome did follows from the outcome itself and the attempt it was, so nothing is read
 back per job. A batch must never be lost to one bad outcome: when the database refuses a value
 (or a deadlock persists), the outcomes are recorded one at a time and the job whose outcome is
@@ -17,10 +19,11 @@ import random
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 from postjob_sa import _metrics, _sql
 from postjob_sa._db import Conn, Failure, failure
+from postjob_sa.context import RunningJob
 from postjob_sa.worker.executor import Outcome, outcome_params
 from postjob_sa.worker.held import HeldJobs
 
@@ -28,20 +31,38 @@ log = logging.getLogger("postjob_sa.worker")
 
 #: How often a deadlock or serialization conflict is tried again before it counts as an error.
 TRANSIENT_RETRIES = 3
-_NO_CHECKOUT: dict[str, Any] = {
-    "workflows": [], "versions": [], "queues": None, "limit": 0, "reap": False,
-    "promote": False,
-}
 _NOTHING = outcome_params([])
-#: The columns of the cycle's rows: kind, then a job's checkout columns (RunningJob's order).
-KIND, ID = 0, 1
+
+
+class CycleRow(NamedTuple):
+    """A row of the worker's cycle (_sql.WORKER_CYCLE, _sql.WORKER_FINISH): a job checked out
+    (kind 'job', with RunningJob's columns), or an outcome not recorded as sent ('lost',
+    'woken': only the id)."""
+
+    kind: str
+    id: int
+    lease_token: int | None = None
+    workflow: str | None = None
+    workflow_version: str | None = None
+    args: Any = None
+    queue: str | None = None
+    root_id: int | None = None
+    full_id: str | None = None
+    parent_id: int | None = None
+    attempt: int | None = None
+    max_attempts: int | None = None
+
+    def job(self) -> RunningJob:
+        return RunningJob(self.id, self.lease_token, self.workflow or "",
+                          self.workflow_version or "", self.args, self.queue or "",
+                          self.root_id or self.id, self.full_id or str(self.id), self.parent_id,
+                          self.attempt or 1, self.max_attempts or 1)
 
 
 class Recorder:
     """A thread-safe buffer of outcomes, and the code that records them."""
 
-    def __init__(self, *, fast_mode: bool, lease: float, held: HeldJobs | None = None):
-        self.fast_mode = fast_mode
+    def __init__(self, *, lease: float, held: HeldJobs | None = None):
         self.lease = lease
         #: the jobs the worker holds: recording an outcome releases its job
         self.held = held if held is not None else HeldJobs()
@@ -85,18 +106,17 @@ class Recorder:
     # -- recording -----------------------------------------------------------------------------
 
     def cycle(self, conn: Conn, outcomes: list[Outcome], checkout: dict[str, Any] | None,
-              worker_id: int | None, identifier: str) -> list[tuple[Any, ...]]:
-        """Record ``outcomes``, release the leases that ended and, with ``checkout``
-        parameters, check out the next jobs: one round trip. Returns the rows of the jobs
-        checked out (``RunningJob``'s columns after the kind). On a connection failure the
-        outcomes go back to the buffer and the error propagates."""
-        base = {"worker_id": worker_id, "identifier": identifier, "lease": self.lease}
-        ended = self.held.take_ended()
-        params = {**base, **outcome_params(outcomes), "done": _ints(ended),
-                  **(checkout or _NO_CHECKOUT)}
+              worker_id: int | None) -> list[RunningJob]:
+        """Record ``outcomes`` and the runs that stopped without one and, with ``checkout``
+        parameters, check out the next jobs: one round trip. Returns the jobs checked out. On
+        a connection failure the outcomes go back to the buffer and the error propagates."""
+        base = {"worker_id": worker_id, "lease": self.lease}
+        stopped = self.held.take_stopped()
+        statement = _sql.WORKER_CYCLE if checkout is not None else _sql.WORKER_FINISH
+        params = {**base, **outcome_params(outcomes, stopped), **(checkout or {})}
         try:
             try:
-                rows = self._call(conn, params)
+                rows = self._call(conn, statement, params)
             except Exception as exc:
                 if not outcomes or failure(exc) not in (Failure.DATA, Failure.TRANSIENT):
                     raise
@@ -105,18 +125,18 @@ class Recorder:
                             len(outcomes), _one_line(exc))
                 self._done(conn, outcomes, self._one_by_one(conn, outcomes, base))
                 outcomes = []
-                rows = self._call(conn, {**params, **_NOTHING})
+                rows = self._call(conn, statement, {**params, **_NOTHING})
         except BaseException:
             self.put_back(outcomes)
-            self.held.put_back_ended(ended)
+            self.held.put_back_stopped(stopped)
             raise
         self._done(conn, outcomes, rows)
-        return [r for r in rows if r[KIND] == "job"]
+        return [r.job() for r in rows if r.kind == "job"]
 
-    def _call(self, conn: Conn, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _call(self, conn: Conn, statement: str, params: dict[str, Any]) -> list[CycleRow]:
         for attempt in range(TRANSIENT_RETRIES + 1):
             try:
-                return conn.prepared_tuples(_sql.WORKER_CYCLE, params)
+                return [CycleRow(*r) for r in conn.prepared_tuples(statement, params)]
             except Exception as exc:
                 if failure(exc) is not Failure.TRANSIENT or attempt == TRANSIENT_RETRIES:
                     raise
@@ -125,24 +145,25 @@ class Recorder:
         raise AssertionError("unreachable")
 
     def _one_by_one(self, conn: Conn, outcomes: list[Outcome],
-                    base: dict[str, Any]) -> list[tuple[Any, ...]]:
-        done: list[tuple[Any, ...]] = []
+                    base: dict[str, Any]) -> list[CycleRow]:
+        done: list[CycleRow] = []
         for outcome in outcomes:
-            one = {**base, **_NO_CHECKOUT, "done": "{}"}
+            one = base
             try:
-                rows = self._call(conn, {**one, **outcome_params([outcome])})
+                rows = self._call(conn, _sql.WORKER_FINISH, {**one, **outcome_params([outcome])})
             except Exception as exc:
                 if failure(exc) not in (Failure.DATA, Failure.TRANSIENT):
                     raise
                 reason = _one_line(exc)
                 log.error("job %s: the database refused its outcome (%s): the job fails",
                           outcome.job_id, reason, extra=job_fields(outcome))
-                rows = self._call(conn, {**one, **outcome_params([outcome.rejected(reason)])})
+                rows = self._call(conn, _sql.WORKER_FINISH,
+                                  {**one, **outcome_params([outcome.rejected(reason)])})
                 outcome.kind, outcome.error, outcome.message = "failed", "OutcomeRefused", reason
             done.extend(rows)
         return done
 
-    def _done(self, conn: Conn, outcomes: list[Outcome], rows: list[tuple[Any, ...]]) -> None:
+    def _done(self, conn: Conn, outcomes: list[Outcome], rows: list[CycleRow]) -> None:
         """Release, count and log what was recorded (everything sent, but the runs the rows
         call lost)."""
         if not outcomes:
@@ -151,10 +172,10 @@ class Recorder:
         lost: set[int] = set()
         woken: set[int] = set()
         for row in rows:
-            if row[KIND] == "lost":
-                lost.add(row[ID])
-            elif row[KIND] == "woken":
-                woken.add(row[ID])
+            if row.kind == "lost":
+                lost.add(row.id)
+            elif row.kind == "woken":
+                woken.add(row.id)
         finished: Counter[tuple[str, str]] = Counter()
         info = log.isEnabledFor(logging.INFO)
         reasons = _why_lost(conn, lost) if lost else {}

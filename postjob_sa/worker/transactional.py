@@ -206,9 +206,8 @@ def _no_lost(outcome: Outcome) -> Outcome:
 
 
 def _finish(outcome: Outcome) -> dict[str, Any]:
-    """finish_jobs_v3's parameters for one outcome: its lease ends with it (the checkout
-    handed out one job)."""
-    return {**outcome_params([outcome]), "done": [outcome.lease_token]}
+    """finish_v4's parameters for one outcome (its lease ends with it)."""
+    return outcome_params([outcome])
 
 
 def _lost(job: RunningJob, rows: Sequence[Any]) -> bool:

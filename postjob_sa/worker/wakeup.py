@@ -2,10 +2,11 @@
 
 Three sources, one interface (:class:`Waker`):
 
-- :class:`ListenWaker`: ``LISTEN postjob_notifications`` on the worker's own connection (the
-  default), or on a direct connection of its own when work goes through a pooler. Every idle
-  worker that listens is woken by every NOTIFY: fine for a few workers, a thundering herd for
-  many.
+- :class:`ListenWaker`: LISTEN on the worker's own connection (the default), or on a direct
+  connection of its own when work goes through a pooler: on a channel of its own
+  (``postjob_worker_<id>``), on which a new job wakes the one worker that has waited longest
+  (``postjob._wake``), and on ``postjob_notifications``, which every worker hears when no
+  worker was waiting.
 - :class:`RelayWaker`: a worker process under the supervisor of ``postjob run --processes N``.
   The supervisor alone listens (one connection per host) and wakes one idle child per
   notification over a socket; the child tells it when it goes idle and when its checkout came
@@ -14,9 +15,10 @@ Three sources, one interface (:class:`Waker`):
   direct connection): it looks at the queue every ``interval`` seconds.
 
 The worker calls :meth:`Waker.attach` after it connects (before its first checkout, so that no
-notification is missed), :meth:`Waker.idle` before it asks how long to wait, :meth:`Waker.wait`
-to wait, :meth:`Waker.not_waiting` when it decides not to wait after all, and
-:meth:`Waker.backlog` when a checkout filled every free place.
+notification is missed), :meth:`Waker.own_channel` once it has its id, :meth:`Waker.idle`
+before it asks how long to wait, :meth:`Waker.wait` to wait, :meth:`Waker.not_waiting` when it
+decides not to wait after all, and :meth:`Waker.backlog` when a checkout filled every free
+place.
 """
 
 from __future__ import annotations
@@ -53,9 +55,16 @@ class Waker:
     #: The longest wait (None: as long as the worker likes).
     cap: float | None = None
     source = "timeout"
+    #: whether the worker listens on a channel of its own (then it is marked waiting before it
+    #: waits, and a new job wakes it alone), and the worker id of that channel
+    private = False
+    worker_id: int | None = None
 
     def attach(self, conn: Conn) -> None:
         """The worker (re)connected: get ready to notice jobs from now on."""
+
+    def own_channel(self, conn: Conn, worker_id: int | None) -> None:
+        """The worker registered as ``worker_id``: listen on its own channel too (if it can)."""
 
     def reset(self) -> None:
         """The worker's connection was lost: let go of what belongs to it."""
@@ -94,18 +103,33 @@ class ListenWaker(Waker):
         self.name = name
         self._own: Conn | None = None
 
+    def _channels(self) -> list[str]:
+        if self.worker_id is None:
+            return [_sql.WORKER_LISTEN]
+        return [_sql.WORKER_LISTEN, _sql.WORKER_LISTEN_OWN.format(worker_id=self.worker_id)]
+
     def attach(self, conn: Conn) -> None:
         if self.engine is None:
-            conn.listen(_sql.WORKER_LISTEN)
+            for channel in self._channels():
+                conn.listen(channel)
             return
         if self._own is None or self._own.closed:
             own = Conn.open(self.engine, name=self.name)
             try:
-                own.listen(_sql.WORKER_LISTEN)
+                for channel in self._channels():
+                    own.listen(channel)
             except BaseException:
                 own.close()
                 raise
             self._own = own
+
+    def own_channel(self, conn: Conn, worker_id: int | None) -> None:
+        if worker_id is None:
+            return
+        self.worker_id = int(worker_id)
+        listening = conn if self._own is None else self._own
+        listening.listen(_sql.WORKER_LISTEN_OWN.format(worker_id=self.worker_id))
+        self.private = True
 
     def reset(self) -> None:
         close_quietly(self._own)

@@ -107,7 +107,7 @@ def test_enqueue_commits_with_the_apps_rows_and_goes_with_a_rollback(
             await s.commit()
 
     _run(db_url, body, driver)
-    assert _count(orders, "SELECT count(*) FROM postjob.postjobs") == 1
+    assert _count(orders, "SELECT count(*) FROM postjob.jobs") == 1
     assert _count(orders, "SELECT count(*) FROM aq_orders o JOIN postjob.postjobs j ON j.id = o.job_id") == 1
 
 
@@ -127,7 +127,7 @@ def test_bad_input_fails_before_anything_is_written_and_the_session_stays_usable
             AsyncJobQueue(engine)  # type: ignore[arg-type]
 
     _run(db_url, body)
-    assert _count(orders, "SELECT count(*) FROM postjob.postjobs") == 1
+    assert _count(orders, "SELECT count(*) FROM postjob.jobs") == 1
 
 
 @pytest.mark.parametrize("driver", ASYNC_DRIVERS)
@@ -151,7 +151,7 @@ def test_checkout_in_the_callers_transaction_skips_what_another_holds(
             await s2.rollback()
 
     _run(db_url, body, driver)
-    assert _count(orders, "SELECT string_agg(status::text, ',' ORDER BY id) FROM postjob.postjobs") \
+    assert _count(orders, "SELECT string_agg(status::text, ',' ORDER BY id) FROM postjob.jobs") \
         == "ok,failed,processing,ready,ready"  # s2's checkout was rolled back
 
 
@@ -170,7 +170,7 @@ def test_the_worker_entry_points_run_async_workflows(db_url: URL, orders: Engine
             assert await q.work(count=1) == 1
 
     _run(db_url, body, driver)
-    assert _count(orders, "SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'") == 8
+    assert _count(orders, "SELECT count(*) FROM postjob.jobs WHERE status = 'ok'") == 8
 
 
 def test_cancelling_the_task_that_runs_work_stops_the_worker_after_its_jobs(
@@ -192,7 +192,7 @@ def test_cancelling_the_task_that_runs_work_stops_the_worker_after_its_jobs(
                 await task
 
     _run(db_url, body)
-    assert _count(orders, "SELECT status::text FROM postjob.postjobs") == "ok"  # it ended first
+    assert _count(orders, "SELECT status::text FROM postjob.jobs") == "ok"  # it ended first
     assert _count(orders, "SELECT count(*) FROM postjob.workers") == 0
 
 
@@ -233,6 +233,6 @@ def test_a_second_cancel_hands_the_running_job_back_and_nothing_keeps_running(
     assert took < 3 and time.monotonic() - started < LONG_JOB_SECONDS - 2  # asyncio.run did not wait
     with orders.connect() as conn:
         status, attempts = conn.execute(text(
-            "SELECT status::text, failed_attempts FROM postjob.postjobs")).one()
+            "SELECT status::text, failed_attempts FROM postjob.jobs")).one()
     assert (status, attempts) == ("ready", 0)  # handed back, no attempt counted
     assert _count(orders, "SELECT count(*) FROM postjob.workers") == 0

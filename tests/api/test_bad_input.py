@@ -177,9 +177,9 @@ def test_sql_metacharacters_in_value_filters_are_values(cli: Any, engine: Engine
     res = cli("run", "--import", "postjob_sa.demo", "--queue", EVIL, "--count", "1", "--fast")
     assert res.returncode == 0, res.stderr
     with engine.connect() as conn:
-        row = conn.execute(text("SELECT queue, tags, status::text FROM postjob.postjobs "
+        row = conn.execute(text("SELECT queue, tags, status::text FROM postjob.jobs "
                                 "WHERE id = :i"), {"i": job_id}).one()
         assert row == (EVIL, {"k": EVIL}, "ok")
-        assert conn.execute(text("SELECT count(*) FROM postjob.postjobs")).scalar() == 5
+        assert conn.execute(text("SELECT count(*) FROM postjob.jobs")).scalar() == 5
     res = cli("ps", "--json", "--tags", f"k:{EVIL}")
     assert [j["id"] for j in json.loads(res.stdout)["jobs"]] == [job_id]

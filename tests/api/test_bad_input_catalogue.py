@@ -115,7 +115,7 @@ def _workflow_result(engine: Engine) -> str:
         s.commit()
         q.drain()
     with engine.connect() as conn:
-        return str(conn.execute(text("SELECT error_message FROM postjob.postjobs WHERE id = :i"),
+        return str(conn.execute(text("SELECT error_message FROM postjob.jobs WHERE id = :i"),
                                 {"i": job_id}).scalar_one())
 
 

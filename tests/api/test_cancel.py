@@ -93,7 +93,7 @@ def _q(session: Session, **kw: Any) -> JobQueue:
 
 def _status(engine: Engine, job_id: int) -> str:
     with engine.connect() as conn:
-        return str(conn.execute(text("SELECT status::text FROM postjob.postjobs WHERE id = :i"),
+        return str(conn.execute(text("SELECT status::text FROM postjob.jobs WHERE id = :i"),
                                 {"i": job_id}).scalar_one())
 
 
@@ -120,7 +120,7 @@ def test_a_tree_is_cancelled_with_its_unfinished_descendants(engine: Engine, ses
     q.drain()
     with engine.connect() as conn:
         before = dict(conn.execute(text(
-            "SELECT id, status::text FROM postjob.postjobs ORDER BY id")).all())
+            "SELECT id, status::text FROM postjob.jobs ORDER BY id")).all())
     assert sorted(before.values()) == ["ok", "ready", "ready", "sleep"]
     cancelled = q.cancel(root.id)
     session.commit()
@@ -128,7 +128,7 @@ def test_a_tree_is_cancelled_with_its_unfinished_descendants(engine: Engine, ses
     assert sorted(cancelled) == sorted(i for i, s in before.items() if s != "ok")
     with engine.connect() as conn:
         after = dict(conn.execute(text(
-            "SELECT id, status::text FROM postjob.postjobs ORDER BY id")).all())
+            "SELECT id, status::text FROM postjob.jobs ORDER BY id")).all())
     assert sorted(after.values()) == ["cancelled", "cancelled", "cancelled", "ok"]
     # reset brings the whole tree back
     assert sorted(q.reset(root.id)) == sorted(cancelled)
@@ -142,7 +142,7 @@ def test_a_parent_waiting_on_a_cancelled_child_sees_child_failed(
     session.commit()
     q.drain()
     with engine.connect() as conn:
-        child_id = conn.execute(text("SELECT id FROM postjob.postjobs WHERE parent_id = :p"),
+        child_id = conn.execute(text("SELECT id FROM postjob.jobs WHERE parent_id = :p"),
                                 {"p": root.id}).scalar_one()
     assert _status(engine, root.id) == "sleep"
     q.cancel(child_id)
@@ -150,7 +150,7 @@ def test_a_parent_waiting_on_a_cancelled_child_sees_child_failed(
     assert _status(engine, root.id) == "ready"  # woken at once
     q.drain()
     with engine.connect() as conn:
-        results = conn.execute(text("SELECT results FROM postjob.postjobs WHERE id = :i"),
+        results = conn.execute(text("SELECT results FROM postjob.jobs WHERE id = :i"),
                                {"i": root.id}).scalar_one()
     assert results == ["child cancelled"]
 
@@ -163,7 +163,7 @@ def test_a_cancelled_sibling_wakes_a_parent_waiting_for_another_child(
     session.commit()
     q.drain()
     with engine.connect() as conn:
-        second = conn.execute(text("SELECT id FROM postjob.postjobs WHERE parent_id = :p "
+        second = conn.execute(text("SELECT id FROM postjob.jobs WHERE parent_id = :p "
                                    "AND args->>1 IS NULL AND args->>0 = 'second'"),
                               {"p": root.id}).scalar_one()
     assert _status(engine, root.id) == "sleep"  # waiting for the first
@@ -267,7 +267,7 @@ def test_a_cancel_during_a_spawn_cancels_the_children_it_inserts(
             conn.exec_driver_sql(SLOW_CHILDREN_DOWN)
     with engine.connect() as conn:
         children = conn.execute(text(
-            "SELECT status::text FROM postjob.postjobs WHERE parent_id = :r"), {"r": root}
+            "SELECT status::text FROM postjob.jobs WHERE parent_id = :r"), {"r": root}
         ).scalars().all()
     assert children and set(children) == {"cancelled"}, children
     assert JobQueue(Session(engine), registry=reg, fast_mode=True).drain() == 0

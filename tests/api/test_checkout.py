@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, text
@@ -149,7 +149,7 @@ def test_rolled_back_completion_leaves_the_job_processing_under_its_lease(engine
     q.complete(job, 1)
     session.rollback()
     with engine.connect() as conn:
-        status = conn.execute(text("SELECT status::text FROM postjob.postjobs")).scalar()
+        status = conn.execute(text("SELECT status::text FROM postjob.jobs")).scalar()
     assert status == "processing"
 
 
@@ -183,7 +183,7 @@ def test_a_checkout_in_the_callers_transaction_locks_only_the_job_it_hands_out(
     """Jobs whose time has come but that no worker has made due yet: the app's checkout takes
     one and holds it until it commits; the others stay free for the workers meanwhile."""
     q = _q(session)
-    soon = datetime.now(timezone.utc) + timedelta(seconds=0.3)
+    soon = datetime.now(UTC) + timedelta(seconds=0.3)
     ids = [q.enqueue(a, i, run_at=soon).id for i in range(5)]
     session.commit()
     time.sleep(0.5)  # their time has come

@@ -23,11 +23,13 @@ BLOCKS = text(
     "SELECT COALESCE(sum(pg_stat_get_xact_blocks_fetched(c.oid)), 0)::bigint "
     "FROM pg_class c WHERE c.relnamespace = 'postjob'::regnamespace AND c.relkind IN ('r', 'i')"
 )
+#: A worker's checkout (it makes due first what has come due) and its idle wait.
 CHECKOUT = text(
-    "SELECT id FROM postjob.checkout_v2(NULL, 'cost', ARRAY[:w], ARRAY[''], "
-    "CAST(:queues AS text[]), :limit, 60)"
+    "SELECT id FROM postjob.checkout_v4(NULL, NULL, ARRAY[:w], ARRAY[''], "
+    "CAST(:queues AS text[]), :limit, 60, false, false, true)"
 )
-IDLE = text("SELECT postjob.worker_idle(ARRAY[:w], ARRAY[''], CAST(:queues AS text[]), false)")
+IDLE = text("SELECT postjob.worker_idle_v2(NULL, ARRAY[:w], ARRAY[''], CAST(:queues AS text[]), "
+            "false)")
 
 #: The jobs every table has: 5,000 due jobs of the served workflow in the served queue (enough
 #: for the indexes to have the depth they keep up to a few hundred thousand rows: a checkout's
@@ -52,17 +54,17 @@ BESIDE: dict[str, list[str]] = {
     "2,000 priority levels due later": [
         "INSERT INTO postjob.postjobs (workflow, queue, priority, next_run_at) "
         "SELECT 'cost.w', 'q', g, now() + interval '1 day' FROM generate_series(1, 2000) g"],
-    # as a durable sleep's outcome leaves them (finish_jobs_v3: status sleep, a waiting row
+    # as a durable sleep's outcome leaves them (finish_v4: status sleep, an unfinished row
     # with its wake time, not due), and as a wait for an event does (no time)
     "100,000 jobs in a durable sleep": [
         "INSERT INTO postjob.postjobs (workflow, queue, status) "
         "SELECT 'cost.w', 'q', 'sleep' FROM generate_series(1, 100000)",
-        "UPDATE postjob.waiting SET run_at = now() + interval '1 day' WHERE status = 'sleep'"],
+        "UPDATE postjob.unfinished SET run_at = now() + interval '1 day' WHERE status = 'sleep'"],
     "100,000 jobs waiting for an event": [
         "INSERT INTO postjob.postjobs (workflow, queue, status) "
         "SELECT 'cost.w', 'q', 'sleep' FROM generate_series(1, 100000)",
         "INSERT INTO postjob.event_waits (job_id, seq, key) "
-        "SELECT job_id, 1, 'key-' || job_id FROM postjob.waiting WHERE status = 'sleep'"],
+        "SELECT job_id, 1, 'key-' || job_id FROM postjob.unfinished WHERE status = 'sleep'"],
     "a queue not served": [
         "INSERT INTO postjob.postjobs (workflow, queue, priority, next_run_at) "
         "SELECT 'cost.w', 'elsewhere', 10, now() - interval '2 hours' "

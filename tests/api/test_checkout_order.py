@@ -30,7 +30,7 @@ INSERT = text(
 
 #: What the checkout must hand out, by its definition.
 EXPECTED = text(
-    "SELECT j.id FROM postjob.postjobs j "
+    "SELECT j.id FROM postjob.jobs j "
     "WHERE j.status IN ('ready', 'err') AND j.next_run_at <= now() "
     "AND (j.timing_out_at IS NULL OR j.timing_out_at > now()) "
     "AND EXISTS (SELECT 1 FROM unnest(CAST(:workflows AS text[]), CAST(:versions AS text[])) "
@@ -41,9 +41,10 @@ EXPECTED = text(
     "ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT :limit"
 )
 
+#: A worker's checkout (it makes due first what has come due).
 CHECKOUT = text(
-    "SELECT id FROM postjob.checkout_v2(NULL, 'test', CAST(:workflows AS text[]), "
-    "CAST(:versions AS text[]), CAST(:queues AS text[]), :limit, 60)"
+    "SELECT id FROM postjob.checkout_v4(NULL, NULL, CAST(:workflows AS text[]), "
+    "CAST(:versions AS text[]), CAST(:queues AS text[]), :limit, 60, false, false, true)"
 )
 
 

@@ -56,7 +56,7 @@ def test_concurrency_limit_holds_across_four_worker_processes(
                 "SELECT count(*) FILTER (WHERE queue = 'limited' AND status = 'processing'), "
                 "count(*) FILTER (WHERE queue = 'limited' AND status <> 'ok'), "
                 "count(*) FILTER (WHERE queue = 'free' AND status <> 'ok') "
-                "FROM postjob.postjobs")).one()
+                "FROM postjob.jobs")).one()
             most = max(most, row[0])
             if row[2] == 0 and limited_left_when_free_done is None:
                 limited_left_when_free_done = row[1]
@@ -93,7 +93,7 @@ def test_rate_limit_holds_over_any_window(engine: Engine, clean: None) -> None:
         t.join(timeout=60)
     with engine.connect() as conn:
         starts = [r[0].timestamp() for r in conn.execute(text(
-            "SELECT processing_started_at FROM postjob.postjobs "
+            "SELECT processing_started_at FROM postjob.jobs "
             "WHERE status = 'processing' ORDER BY processing_started_at"))]
     assert len(starts) >= 2 * rate  # it was not simply stopped
     for i, t0 in enumerate(starts):
@@ -174,6 +174,25 @@ def test_limits_are_set_listed_and_cleared(session: Session) -> None:
     for bad in ({"concurrency": -1}, {"rate": 1.5}, {"rate": 2, "period": 0}):
         with pytest.raises(InvalidArgument):
             q.set_queue_limits("c", **bad)
+
+
+def test_a_limit_takes_its_places_and_starts_with_it(session: Session) -> None:
+    """A queue's places and starts go with its limit (by a trigger: no foreign key, whose
+    check would lock the limit after the places), and all of them with a TRUNCATE."""
+    q = _q(session)
+    q.set_queue_limits("a", concurrency=3, rate=2)
+    q.set_queue_limits("b", concurrency=1)
+    session.commit()
+    permits = text("SELECT (SELECT count(*) FROM postjob.queue_slots WHERE queue = :q) "
+                   "+ (SELECT count(*) FROM postjob.queue_starts WHERE queue = :q)")
+    assert session.execute(permits, {"q": "a"}).scalar_one() == 5
+    q.set_queue_limits("a")
+    session.commit()
+    assert session.execute(permits, {"q": "a"}).scalar_one() == 0
+    assert session.execute(permits, {"q": "b"}).scalar_one() == 1
+    session.execute(text("TRUNCATE postjob.queue_limits"))
+    session.commit()
+    assert session.execute(permits, {"q": "b"}).scalar_one() == 0
 
 
 def test_postjob_queue_limit_and_list(db_url: URL, clean: None) -> None:

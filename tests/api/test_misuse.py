@@ -49,7 +49,7 @@ def not_a_workflow(x: int) -> int:
 
 def _count(engine: Engine) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM postjob.postjobs")).scalar_one())
+        return int(conn.execute(text("SELECT count(*) FROM postjob.jobs")).scalar_one())
 
 
 # -- issue 11, item 12 ---------------------------------------------------------------------
@@ -100,7 +100,7 @@ def test_reset_of_a_running_job_is_refused_and_the_session_stays_usable(
     )
     session.commit()
     with engine.connect() as conn:
-        statuses = conn.execute(text("SELECT status::text FROM postjob.postjobs ORDER BY id")).scalars().all()
+        statuses = conn.execute(text("SELECT status::text FROM postjob.jobs ORDER BY id")).scalars().all()
     assert statuses == ["processing", "ready"]
 
 

@@ -87,7 +87,7 @@ def test_priority_is_validated_before_anything_is_written(session: Session) -> N
     for bad in ("high", 1.5, True, 10**7):
         with pytest.raises(InvalidArgument):
             q.enqueue(a, 1, priority=bad)  # type: ignore[arg-type]
-    assert session.execute(text("SELECT count(*) FROM postjob.postjobs")).scalar() == 0
+    assert session.execute(text("SELECT count(*) FROM postjob.jobs")).scalar() == 0
 
 
 def test_enqueue_many_takes_a_priority(session: Session) -> None:
@@ -141,7 +141,7 @@ def test_eight_threads_enqueue_one_key_and_get_one_job(engine: Engine, clean: No
         t.join(timeout=60)
     assert len(ids) == 8 and len(set(ids)) == 1 and all(usable)
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM postjob.postjobs")).scalar() == 1
+        assert conn.execute(text("SELECT count(*) FROM postjob.jobs")).scalar() == 1
 
 
 def test_the_unique_index_refuses_a_second_unfinished_holder(session: Session) -> None:
@@ -150,7 +150,7 @@ def test_the_unique_index_refuses_a_second_unfinished_holder(session: Session) -
     session.add(Job(workflow="pr.a", args=[1], unique_key="k"))
     session.flush()
     session.add(Job(workflow="pr.a", args=[2], unique_key="k"))
-    with pytest.raises(Exception, match="postjobs_unique_key_idx"):
+    with pytest.raises(Exception, match="unfinished_unique_key_idx"):
         session.flush()
     session.rollback()
     session.add(Job(workflow="pr.a", args=[1], unique_key="k", status=Status.ok, next_run_at=None))
@@ -188,7 +188,7 @@ def test_reset_of_a_job_whose_unique_key_a_newer_job_holds_names_the_holder(
     assert session.execute(text("SELECT 1")).scalar() == 1  # the transaction is usable
     session.commit()
     with engine.connect() as conn:
-        rows = dict(conn.execute(text("SELECT id, status::text FROM postjob.postjobs")).all())
+        rows = dict(conn.execute(text("SELECT id, status::text FROM postjob.jobs")).all())
     assert rows == {old: "failed", newer: "ready", mine: "ready"}
 
 
@@ -211,7 +211,7 @@ def test_reset_of_a_tree_whose_failed_child_lost_its_unique_key_names_the_holder
         _q(session).reset(root)
     session.commit()
     with engine.connect() as conn:
-        statuses = conn.execute(text("SELECT status::text FROM postjob.postjobs ORDER BY id")).scalars().all()
+        statuses = conn.execute(text("SELECT status::text FROM postjob.jobs ORDER BY id")).scalars().all()
     assert statuses == ["failed", "failed", "ready"]
 
 

@@ -60,7 +60,7 @@ def conn(engine: Engine, clean: None) -> Iterator[Conn]:
 def _ticks(engine: Engine, name: str) -> list[str]:
     with engine.connect() as c:
         return [r[0] for r in c.execute(text(
-            "SELECT tags->>'tick' FROM postjob.postjobs WHERE workflow = :w ORDER BY id"),
+            "SELECT tags->>'tick' FROM postjob.jobs WHERE workflow = :w ORDER BY id"),
             {"w": name})]
 
 
@@ -154,7 +154,7 @@ def test_four_worker_processes_enqueue_exactly_one_job_per_tick(
     seconds = [datetime.fromisoformat(t) for t in ticks]
     assert all(b - a == timedelta(seconds=1) for a, b in zip(seconds, seconds[1:], strict=False)), ticks
     with engine.connect() as c:  # and the workers ran them
-        assert c.execute(text("SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'")
+        assert c.execute(text("SELECT count(*) FROM postjob.jobs WHERE status = 'ok'")
                          ).scalar_one() >= len(ticks) - 1
 
 

@@ -148,4 +148,4 @@ def test_without_job_context_a_run_is_outside_any(engine: Engine, clean: None) -
         worker.join(timeout=60)
     assert seen == [("bare", None)]
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT status::text FROM postjob.postjobs")).scalar() == "ok"
+        assert conn.execute(text("SELECT status::text FROM postjob.jobs")).scalar() == "ok"

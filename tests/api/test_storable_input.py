@@ -33,7 +33,7 @@ def echo(value: Any = None) -> Any:
 
 def _count(engine: Engine) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM postjob.postjobs")).scalar_one())
+        return int(conn.execute(text("SELECT count(*) FROM postjob.jobs")).scalar_one())
 
 
 Call = Callable[[JobQueue], Any]
@@ -115,7 +115,7 @@ def test_complete_and_fail_refuse_what_postgresql_cannot_store_and_the_session_s
     q.enqueue(echo, "after")
     session.commit()
     with engine.connect() as conn:
-        rows = conn.execute(text("SELECT status::text, results FROM postjob.postjobs ORDER BY id")).all()
+        rows = conn.execute(text("SELECT status::text, results FROM postjob.jobs ORDER BY id")).all()
     assert [tuple(r) for r in rows] == [("ok", ["fine"]), ("ready", None)]
 
 
@@ -147,7 +147,7 @@ def test_a_backslash_before_u0000_is_stored_not_taken_for_a_nul(engine: Engine, 
     session.commit()
     with engine.connect() as conn:
         rows = {r[0]: r for r in conn.execute(text(
-            "SELECT id, args, tags, results, status::text FROM postjob.postjobs"))}
+            "SELECT id, args, tags, results, status::text FROM postjob.jobs"))}
     assert rows[by_api][1] == [value] and rows[by_api][2] == {"path": BACKSLASH_U0000}
     assert rows[ran][3] == [value] and rows[ran][4] == "ok"  # the worker stored the result
     assert rows[job.id][3] == [value]
@@ -188,7 +188,7 @@ def test_a_workflow_returning_a_decimal_fails_with_how_to_return_it(engine: Engi
     session.commit()
     assert q.drain() == 1
     with engine.connect() as conn:
-        row = conn.execute(text("SELECT status::text, error, error_message FROM postjob.postjobs "
+        row = conn.execute(text("SELECT status::text, error, error_message FROM postjob.jobs "
                                 "WHERE id = :i"), {"i": job_id}).one()
     assert tuple(row) == (
         "failed", "postjob_sa.errors.ResultNotJSON",

@@ -33,7 +33,7 @@ def test_emit_wakes_the_waiter_with_the_payload(cli: Any, engine: Engine) -> Non
         assert res.returncode == 0, res.stderr
         event_id = int(res.stdout)
         q.drain()
-        row = s.execute(text("SELECT status::text, results FROM postjob.postjobs WHERE id = :j"),
+        row = s.execute(text("SELECT status::text, results FROM postjob.jobs WHERE id = :j"),
                         {"j": job_id}).one()
     assert tuple(row) == ("ok", [{"at": "depot"}])
     assert cli("event", "emit", "parcel:8").returncode == 0  # no payload: null

@@ -14,7 +14,7 @@ from tests.conftest import end_by_hand, url_string
 pytestmark = pytest.mark.both_drivers
 
 FINGERPRINT = text(
-    "SELECT md5(coalesce(string_agg(j::text, '|' ORDER BY id), '')) FROM postjob.postjobs j"
+    "SELECT md5(coalesce(string_agg(j::text, '|' ORDER BY id), '')) FROM postjob.jobs j"
 )
 
 
@@ -26,7 +26,7 @@ def cli(db_url: URL, clean: None) -> Any:
 
 def _job(engine: Engine, job_id: int) -> dict[str, Any]:
     with engine.connect() as conn:
-        row = conn.execute(text("SELECT *, status::text AS status FROM postjob.postjobs WHERE id = :id"),
+        row = conn.execute(text("SELECT *, status::text AS status FROM postjob.jobs WHERE id = :id"),
                            {"id": job_id}).mappings().one()
     return dict(row)
 
@@ -114,7 +114,7 @@ def test_reset_and_force(cli: Any, engine: Engine) -> None:
          id=job_id)
     assert cli("job", "force", str(job_id)).returncode == 0
     with engine.connect() as conn:
-        due = conn.execute(text("SELECT next_run_at <= now() FROM postjob.postjobs WHERE id = :id"),
+        due = conn.execute(text("SELECT next_run_at <= now() FROM postjob.jobs WHERE id = :id"),
                            {"id": job_id}).scalar()
     assert due
 
@@ -139,6 +139,8 @@ def _manual_child(cli: Any, engine: Engine) -> tuple[int, int, str]:
     parent = _insert(engine)
     with engine.begin() as conn:
         conn.execute(text("UPDATE postjob.postjobs SET status = 'sleep' WHERE id = :id"), {"id": parent})
+        conn.execute(text("UPDATE postjob.unfinished SET status = 'sleep', run_at = NULL, due = false "
+                          "WHERE job_id = :id"), {"id": parent})  # asleep, as its run leaves it
         child = conn.execute(text("INSERT INTO postjob.postjobs (parent_id, workflow, args, max_attempts) "
                                   "VALUES (:p, '__manual__', '[\"ok?\"]', 1) RETURNING id"),
                              {"p": parent}).scalar_one()
@@ -190,7 +192,7 @@ def test_prune_deletes_old_final_trees_in_batches(cli: Any, engine: Engine) -> N
     res = cli("job", "prune", "--older-than", "48h", "--batch", "1")
     assert res.returncode == 0 and "deleted 1 root job(s), 2 job(s) in all" in res.stdout
     with engine.connect() as conn:
-        left = sorted(r[0] for r in conn.execute(text("SELECT root_id FROM postjob.postjobs")))
+        left = sorted(r[0] for r in conn.execute(text("SELECT root_id FROM postjob.jobs")))
     assert left == sorted([ids[2], ids[2], ids[3], ids[3]])
     assert json.loads(cli("ps", "--json").stdout)["jobs"][0]["id"] == ids[3]
 

@@ -35,13 +35,16 @@ def tree(db_url: URL, engine: Engine) -> dict[str, int]:
         add(p=child, w="grandchild", s="ok", r='["deep"]')
         failed = add(w="report", s="failed", e="ValueError", m="boom", t='{"customer": "7"}')
         busy = add(w="slow", s="ready")
+        # checked out through the API by host:123 (the record names the holder, the job's
+        # row in postjob.unfinished has the lease)
         conn.execute(text(
-            "UPDATE postjob.postjobs SET status = 'processing', processing_started_at = now(), "
+            "UPDATE postjob.postjobs SET processing_started_at = now(), "
             "processing_max_duration = 60, processing_client = '10.0.0.1:5000', "
-            "processing_client_identifier = 'host:123', next_run_at = NULL, "
-            "lease_token = nextval('postjob.lease_tokens'), "
-            "lease_expires_at = now() + interval '60 seconds' WHERE id = :id"),
-            {"id": busy})
+            "processing_client_identifier = 'host:123' WHERE id = :id"), {"id": busy})
+        conn.execute(text(
+            "UPDATE postjob.unfinished SET lease_token = nextval('postjob.lease_tokens'), "
+            "lease_expires_at = now() + interval '60 seconds', started_at = now(), "
+            "holder = 'host:123' WHERE job_id = :id"), {"id": busy})
     return {"root": root, "child": child, "failed": failed, "busy": busy}
 
 
@@ -84,7 +87,7 @@ def test_tag_filter_with_sql_metacharacters_is_just_a_value(cli: Any, engine: En
     res = cli("ps", "--tags", "x\":1}'::jsonb OR true --:y")
     assert res.returncode == 0 and "no jobs" in res.stdout
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM postjob.postjobs")).scalar() == 5
+        assert conn.execute(text("SELECT count(*) FROM postjob.jobs")).scalar() == 5
 
 
 def test_ps_with_ids_shows_their_trees(cli: Any, tree: dict[str, int]) -> None:

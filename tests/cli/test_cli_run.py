@@ -40,7 +40,7 @@ def _enqueue_measures(engine: Engine, *words: str) -> list[int]:
 
 def _statuses(engine: Engine) -> dict[int, tuple[str, Any]]:
     with engine.connect() as conn:
-        rows = conn.execute(text("SELECT id, status::text, results FROM postjob.postjobs"))
+        rows = conn.execute(text("SELECT id, status::text, results FROM postjob.jobs"))
         return {r[0]: (r[1], r[2]) for r in rows}
 
 
@@ -162,7 +162,7 @@ def test_demo_runs_a_tree_to_the_end_and_again(cli: Any, engine: Engine) -> None
         assert f"job {root} is ok" in res.stdout
         assert "__manual__" in res.stdout and '"approved_by":"postjob demo"' in res.stdout
         with engine.connect() as conn:
-            statuses = conn.execute(text("SELECT DISTINCT status::text FROM postjob.postjobs "
+            statuses = conn.execute(text("SELECT DISTINCT status::text FROM postjob.jobs "
                                          "WHERE root_id = :r"), {"r": root}).scalars().all()
         assert statuses == ["ok"], run
 

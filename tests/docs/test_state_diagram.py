@@ -22,7 +22,7 @@ UNFINISHED = frozenset(Status) - FINAL_STATUSES
 GROUPS = {
     "final": FINAL_STATUSES,
     "unfinished": UNFINISHED,
-    "waiting (postjob.waiting's)": UNFINISHED - {Status.processing},
+    "waiting (postjob.unfinished's)": UNFINISHED - {Status.processing},
     "runnable": frozenset({Status.ready, Status.err}),
     "ended badly": FINAL_STATUSES - {Status.ok},
     "a run's own end": frozenset({Status.ok, Status.failed}),

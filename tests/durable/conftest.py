@@ -61,14 +61,14 @@ def job(engine: Engine, job_id: int) -> dict[str, Any]:
     with engine.connect() as conn:
         return dict(conn.execute(text(
             "SELECT status::text AS status, results, error, error_message, failed_attempts, "
-            "next_run_at, lease_token, trace_context FROM postjob.postjobs WHERE id = :j"),
+            "next_run_at, lease_token, trace_context FROM postjob.jobs WHERE id = :j"),
             {"j": job_id}).mappings().one())
 
 
 def waiting(engine: Engine, job_id: int) -> dict[str, Any] | None:
     with engine.connect() as conn:
         found = conn.execute(text(
-            "SELECT status::text AS status, run_at, due FROM postjob.waiting WHERE job_id = :j"),
+            "SELECT status::text AS status, run_at, due FROM postjob.unfinished WHERE job_id = :j"),
             {"j": job_id}).mappings().first()
     return None if found is None else dict(found)
 

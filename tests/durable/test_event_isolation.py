@@ -19,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 import postjob_sa
-from postjob_sa import JobQueue, Registry
+from postjob_sa import InvalidArgument, JobQueue, Registry
 from tests.durable.conftest import BackgroundWorker, job, status_is, wait_until
 
 pytestmark = pytest.mark.both_drivers
@@ -56,7 +56,7 @@ def _drain(engine: Engine) -> int:
 
 def _emit_retried(conn: Connection, key: str, payload: Any) -> None:
     """emit_event in the connection's transaction, tried again after a serialization failure."""
-    for attempt in range(5):
+    for _ in range(5):
         try:
             JobQueue(Session(bind=conn)).emit_event(key, payload)
             conn.commit()
@@ -146,6 +146,18 @@ def test_a_worker_on_a_database_whose_default_is_repeatable_read_misses_no_event
     wait_until(lambda: _drain(rr_database) or job(rr_database, job_id)["status"] == "ok", 10,
                "the job got the event")
     assert job(rr_database, job_id)["results"] == ["held"]
+    # at once, at READ COMMITTED: no attempt lost to a serialization failure on the way
+    assert job(rr_database, job_id)["failed_attempts"] == 0
+
+
+def test_a_pooled_worker_on_a_database_whose_default_is_repeatable_read_is_refused(
+        rr_database: Engine) -> None:
+    """Behind a pooler the worker cannot set its level (no session state): it refuses to
+    start, in one line, saying what to set."""
+    with Session(rr_database) as s, pytest.raises(InvalidArgument) as refused:
+        JobQueue(s, registry=reg, pooled=True).drain()
+    assert "default_transaction_isolation" in str(refused.value)
+    assert "read committed" in str(refused.value)
 
 
 def _waiting_for_a_lock(engine: Engine) -> bool:

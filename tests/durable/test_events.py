@@ -226,7 +226,7 @@ def test_an_emit_while_the_waiters_sleep_is_being_recorded_wakes_it(side: Engine
     with BackgroundWorker(side):
         wait_until(status_is(side, job_id, "processing"), 10, "running")
         with side.connect() as holder:
-            holder.execute(text("SELECT 1 FROM postjob.postjobs WHERE id = :j FOR SHARE"),
+            holder.execute(text("SELECT 1 FROM postjob.unfinished WHERE job_id = :j FOR SHARE"),
                            {"j": job_id})
             wait_until(lambda: count("SELECT count(*) FROM postjob.event_waits WHERE job_id = :j"),
                        10, "the wait recorded")

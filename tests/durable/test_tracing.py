@@ -57,7 +57,7 @@ def test_a_job_tree_is_one_trace(side: Engine, exporter: InMemorySpanExporter) -
     assert stored["traceparent"].split("-")[1] == f"{trace_id:032x}"
     with side.connect() as conn:
         children = [r[0] for r in conn.execute(text(
-            "SELECT trace_context FROM postjob.postjobs WHERE parent_id = :p"), {"p": parent})]
+            "SELECT trace_context FROM postjob.jobs WHERE parent_id = :p"), {"p": parent})]
     assert children == [stored, stored]  # a child is in its parent's trace
 
     runs = [s for s in exporter.get_finished_spans() if s.name.startswith("run ")]
@@ -86,7 +86,7 @@ def test_a_failed_run_is_an_error_span_and_spans_nest_in_the_run(
     assert failed.attributes["postjob.outcome"] == "failed"
     assert failed.status.status_code is trace.StatusCode.ERROR
     with side.connect() as conn:
-        traced = conn.execute(text("SELECT count(*) FROM postjob.postjobs "
+        traced = conn.execute(text("SELECT count(*) FROM postjob.jobs "
                                    "WHERE trace_context IS NOT NULL")).scalar_one()
     assert traced == 2
 

@@ -75,7 +75,7 @@ def test_the_wheel_migrates_runs_a_job_and_serves_the_dashboard(
                   cwd=tmp_path).strip()
     _run(*postjob, "run", "--import", "wheeljobs", "--count", "1", cwd=tmp_path)
     with engine.connect() as conn:
-        row = conn.execute(text("SELECT status::text, results FROM postjob.postjobs WHERE id = :i"),
+        row = conn.execute(text("SELECT status::text, results FROM postjob.jobs WHERE id = :i"),
                            {"i": int(job_id)}).one()
     assert tuple(row) == ("ok", ["hello wheel"])
 

@@ -151,7 +151,8 @@ def test_pj0008_carries_live_pj0007_data_over_serves_its_code_and_downgrades_exa
         assert conn.execute(FINISH, {"i": job["running"], "t": job["running_token"]}
                             ).scalar_one() == [job["running"]]
 
-    with Session(live) as s:  # this code runs what is left to its end
+    postjob_sa.migrate(live)  # on to head, where this code runs what is left to its end
+    with Session(live) as s:
         q = JobQueue(s, registry=reg, fast_mode=True)
         q.force(job["later"])
         q.force(job["retry"])
@@ -187,7 +188,7 @@ def test_pj0008_carries_live_pj0007_data_over_serves_its_code_and_downgrades_exa
                     d=durable_id) == 3
         s.commit()
 
-    # back down with work in flight again: a running job and a due one
+    # back down with work in flight again (from head): a running job and a due one
     with Session(live) as s:
         q = JobQueue(s, registry=reg)
         due, running = q.enqueue(work, 20).id, q.enqueue(work, 21).id
@@ -204,7 +205,8 @@ def test_pj0008_carries_live_pj0007_data_over_serves_its_code_and_downgrades_exa
     postjob_sa.migrate(live, "pj0008")  # and up again
     with live.connect() as conn:
         assert conn.execute(VERSION).scalar_one() == "pj0008"
-    with Session(live) as s:  # with empty durable tables, in use at once
+    postjob_sa.migrate(live)
+    with Session(live) as s:  # with empty durable tables, in use at once (at head)
         q = JobQueue(s, registry=reg, fast_mode=True)
         q.emit_event("m8-again", "back")
         again = q.enqueue(durable, "m8-again").id

@@ -14,6 +14,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import URL, Engine, create_engine, inspect, text
 
 import postjob_sa
+from postjob_sa import _sql
 from postjob_sa._migrations import ALEMBIC_DIR, VERSION_TABLE, head_revision, installed_revision
 from tests.conftest import create_clone, drop_database
 
@@ -90,23 +91,26 @@ def test_functions_work_without_postjob_on_the_search_path(engine: Engine, clean
         conn.execute(text("SET LOCAL search_path = pg_catalog"))
         conn.execute(text("INSERT INTO postjob.postjobs (workflow) VALUES ('w'), ('w')"))
         rows = conn.execute(text(
-            "SELECT id FROM postjob.checkout_v2(NULL, NULL, ARRAY['w'], ARRAY[''], NULL, 1, 60)"
-        )).all()
+            "SELECT id FROM postjob.checkout_v4(NULL, 'x', ARRAY['w'], ARRAY[''], NULL, 1, 60, "
+            "true, false, false)")).all()
         assert len(rows) == 1
-        kinds = conn.execute(text(
-            "SELECT kind FROM postjob.worker_cycle(NULL, NULL, '{}', '{}', '{}', '{}', '{}', '{}', "
-            "'{}', '{}', '{}', ARRAY['w'], ARRAY[''], NULL, 5, 60, true, true)"
-        )).scalars().all()
+        params = {k: "{}" for k in (
+            "ok_ids", "ok_tokens", "ok_results", "ok_versions", "ids", "tokens", "kinds",
+            "errors", "messages", "backtraces", "versions", "awaiting", "delays", "stopped",
+            "stopped_tokens")}
+        kinds = conn.exec_driver_sql(_sql.WORKER_CYCLE, {
+            **params, "worker_id": None, "workflows": ["w"], "versions": [""], "queues": None,
+            "limit": 5, "lease": 60, "reap": True, "promote": True}).scalars().all()
         assert kinds == ["job"]
-        assert conn.execute(text("SELECT postjob.reap_v2()")).scalar() == 0
+        assert conn.execute(text("SELECT postjob.reap_v4()")).scalar() == 0
 
 
 #: The functions of the hot path: checkout, the cycle, the outcomes it records, the idle wait.
-HOT_PATH = ("checkout_v3", "_take", "_promote", "worker_cycle_v3", "finish_jobs_v3",
-            "worker_idle")
+HOT_PATH = ("checkout_v4", "_checkout_counted", "_promote", "finish_v4", "_settle",
+            "worker_idle_v2")
 #: SQL functions the hot path's statements take in (PostgreSQL inlines them: no call, no plan
 #: of their own); a SET clause, plpgsql or VOLATILE would make each a call again.
-INLINED = ("_due_groups", "_served_keys")
+INLINED = ("_due_groups", "_served_keys", "_limited_queues")
 
 
 def test_the_hot_path_is_planned_once_per_session_and_never_compiled(engine: Engine) -> None:
@@ -131,6 +135,9 @@ def test_the_checkouts_helpers_are_inlined_into_its_statements(engine: Engine) -
             plan = "\n".join(conn.execute(text(
                 "EXPLAIN SELECT * FROM postjob._due_groups(ARRAY['w'], ARRAY['1'], :queues)"),
                 {"queues": queues}).scalars())
+            plan += "\n".join(conn.execute(text(
+                "EXPLAIN SELECT * FROM postjob._limited_queues(ARRAY['w'], ARRAY['1'], :queues)"),
+                {"queues": queues}).scalars())
             for name in INLINED:
                 assert f"Function Scan on {name}" not in plan, plan
 
@@ -152,8 +159,8 @@ def test_checkout_hands_out_by_id_on_a_small_table(server_url: URL, template_db:
         with eng.begin() as conn:
             for limit in (1, 100, 100):
                 taken = conn.execute(text(
-                    "SELECT id FROM postjob.checkout_v2(NULL, NULL, ARRAY['w'], ARRAY[''], "
-                    "NULL, :n, 60)"), {"n": limit}).all()
+                    "SELECT id FROM postjob.checkout_v4(NULL, NULL, ARRAY['w'], ARRAY[''], "
+                    "NULL, :n, 60, false, false, true)"), {"n": limit}).all()
                 assert len(taken) == limit
             seq = conn.execute(text(
                 "SELECT seq_scan FROM pg_stat_xact_user_tables "

@@ -27,7 +27,8 @@ from tests.revisions import catalog
 HOST = Path(__file__).resolve().parents[1] / "host_project"
 DIGESTS = Path(__file__).with_name("revision_sql.json")
 #: The revisions, each from the one before (pj0001 from nothing).
-REVISIONS = ["pj0001", "pj0002", "pj0003", "pj0004", "pj0005", "pj0006", "pj0007", "pj0008"]
+REVISIONS = ["pj0001", "pj0002", "pj0003", "pj0004", "pj0005", "pj0006", "pj0007", "pj0008",
+             "pj0009"]
 
 
 @pytest.fixture
@@ -46,9 +47,18 @@ def _statements(sql: str) -> list[str]:
     return [s.strip() for s in re.split(r";\s*$", body, flags=re.MULTILINE) if s.strip()]
 
 
+def _head_version() -> str:
+    """The head revision's own functions that say what it is (a revision's, not a live file's)."""
+    from postjob_sa._migrations import scripts
+
+    version = getattr(scripts()[-1].module, "VERSION", None)
+    assert isinstance(version, str), "the head revision says what it is (VERSION)"
+    return version
+
+
 def _install_from_files(engine: Engine) -> None:
     """The live files as they are: tables and types, then the functions, then the triggers
-    (which name functions)."""
+    (which name functions), and the head revision's version functions."""
     schema = _statements(_sql_files.live("schema"))
     triggers = [s for s in schema if s.startswith("CREATE TRIGGER")]
     conn = dbapi_connect(engine.url)
@@ -61,6 +71,7 @@ def _install_from_files(engine: Engine) -> None:
                 cur.execute(text)
             for statement in triggers:
                 cur.execute(statement)
+            cur.execute(_head_version())
     finally:
         conn.close()
 
@@ -96,3 +107,17 @@ def test_each_revision_keeps_installing_what_it_installed() -> None:
         f"the offline SQL of {', '.join(changed)} changed: a revision is history; freeze the "
         "copy it read into postjob_sa/sql/history/ and point it there (or, for a revision not "
         f"landed yet, record the new digests in {DIGESTS.name}): {now}")
+
+
+def test_a_revision_installs_its_frozen_copy_and_the_head_the_live_files() -> None:
+    """The loader: a revision whose function files a later one changed reads its own frozen
+    copy (history/<revision>/), the head reads the live files."""
+    head = REVISIONS[-1]
+    assert _sql_files.LIVE_REVISION == head
+    assert _sql_files.functions(head) == _sql_files.live_functions()
+    for revision in REVISIONS[:-1]:
+        folder = _sql_files.HISTORY_DIR / revision
+        if folder.is_dir():
+            frozen = [p.read_text() for p in folder.glob("*.sql")]
+            assert sorted(_sql_files.functions(revision)) == sorted(frozen)
+            assert _sql_files.functions(revision) != _sql_files.live_functions()

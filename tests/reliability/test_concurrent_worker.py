@@ -37,7 +37,7 @@ def _enqueue_slow(engine: Engine, n: int, seconds: float) -> list[int]:
 def _statuses(engine: Engine) -> dict[int, tuple[str, int]]:
     with engine.connect() as conn:
         return {int(r[0]): (str(r[1]), int(r[2])) for r in conn.execute(text(
-            "SELECT id, status::text, failed_attempts FROM postjob.postjobs"))}
+            "SELECT id, status::text, failed_attempts FROM postjob.jobs"))}
 
 
 def test_a_killed_worker_running_several_jobs_has_each_rescued_once(

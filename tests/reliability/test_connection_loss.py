@@ -32,17 +32,17 @@ def test_unrun_jobs_of_a_batch_are_released_when_the_connection_drops(
                   for k in range(3)]
         s.commit()
     try:
-        wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.postjobs "
+        wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.jobs "
                                         "WHERE status <> 'ok'") == 0, 10, "all jobs ok")
     except AssertionError:
         with engine.connect() as conn:
             rows = conn.execute(text("SELECT id, workflow, status::text, failed_attempts, "
-                                     "lease_expires_at FROM postjob.postjobs ORDER BY id")).all()
+                                     "lease_expires_at FROM postjob.jobs ORDER BY id")).all()
         raise AssertionError(f"{rows}\n{proc.log()}") from None
     with engine.connect() as conn:
         runs_per_job = dict(conn.execute(text(
             "SELECT job_id, count(*) FROM rel_runs GROUP BY job_id")).all())
-        attempts = conn.execute(text("SELECT sum(failed_attempts) FROM postjob.postjobs")).scalar()
+        attempts = conn.execute(text("SELECT sum(failed_attempts) FROM postjob.jobs")).scalar()
     assert runs_per_job == {cut: 1, slow: 2, **{i: 1 for i in others}}  # slow: start, end  # nothing ran twice either
     assert attempts == 0  # released, not reaped as zombies
     assert "database unreachable" in proc.log()

@@ -10,6 +10,7 @@ from sqlalchemy import URL, Engine, text
 from sqlalchemy.orm import Session
 
 from postjob_sa import JobQueue
+from tests.conftest import finish_ok
 from tests.reliability.conftest import WorkerProcess, report, scalar, wait_for, wait_listening
 
 LEASE = 2.0
@@ -41,7 +42,7 @@ def test_killed_workers_job_is_rescued_and_its_late_write_rejected(
     victim = _by_pid(procs, _rows(engine, job_id)[0][0])
     with engine.connect() as conn:
         old_token = conn.execute(text(
-            "SELECT lease_token FROM postjob.postjobs WHERE id = :j AND status = 'processing'"),
+            "SELECT lease_token FROM postjob.jobs WHERE id = :j AND status = 'processing'"),
             {"j": job_id}).scalar_one()
         killed_at = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
     victim.kill()
@@ -54,32 +55,24 @@ def test_killed_workers_job_is_rescued_and_its_late_write_rejected(
             "SELECT max(at) FROM rel_runs WHERE job_id = :j AND what = 'start'"), {"j": job_id}
         ).scalar_one()
         # the killed run's late result, while the rescue runs under a new token: rejected
-        accepted = conn.execute(text(
-            "SELECT cardinality(postjob.finish_jobs(ARRAY[CAST(:j AS bigint)], ARRAY[CAST(:t AS bigint)], "
-            "ARRAY['ok'], ARRAY[CAST('[0]' AS jsonb)], ARRAY[NULL], ARRAY[NULL], ARRAY[NULL]::jsonb[], "
-            "ARRAY[NULL], ARRAY[NULL]::bigint[])) = 1"),
-            {"j": job_id, "t": old_token}).scalar_one()
+        accepted = finish_ok(conn, job_id, old_token)
         conn.commit()
         assert accepted is False
-        assert conn.execute(text("SELECT status::text FROM postjob.postjobs WHERE id = :j"),
+        assert conn.execute(text("SELECT status::text FROM postjob.jobs WHERE id = :j"),
                             {"j": job_id}).scalar_one() == "processing"
     rescue = (rescue_at - killed_at).total_seconds()
     assert rescue <= LEASE + 5
 
-    wait_for(lambda: scalar(engine, "SELECT status::text FROM postjob.postjobs WHERE id = :j",
+    wait_for(lambda: scalar(engine, "SELECT status::text FROM postjob.jobs WHERE id = :j",
                             j=job_id) == "ok", 10, "the rescued job finished")
     with engine.connect() as conn:
-        # and after it finished, a late batch write (finish_jobs) is rejected too
-        taken = conn.execute(text(
-            "SELECT postjob.finish_jobs(ARRAY[CAST(:j AS bigint)], ARRAY[CAST(:t AS bigint)], "
-            "ARRAY['ok'], ARRAY[CAST('[\"late\"]' AS jsonb)], ARRAY[NULL::text], "
-            "ARRAY[NULL::text], ARRAY[NULL::jsonb], ARRAY[NULL::text], ARRAY[NULL::bigint])"),
-            {"j": job_id, "t": old_token}).scalar_one()
+        # and after it finished, a late batch write is rejected too
+        taken = finish_ok(conn, job_id, old_token)
         conn.commit()
         row = conn.execute(text(
-            "SELECT status::text, results, failed_attempts, lease_token FROM postjob.postjobs "
+            "SELECT status::text, results, failed_attempts, lease_token FROM postjob.jobs "
             "WHERE id = :j"), {"j": job_id}).one()
-    assert taken == []
+    assert taken is False
     assert row == ("ok", ["done"], 1, None)  # one attempt lost to the crash, then ok
     rows = _rows(engine, job_id)
     survivor = next(p for p in procs if p is not victim)
@@ -103,13 +96,13 @@ def test_a_killed_parent_finds_its_child_again(
     child_id = int(what.split()[1])
     _by_pid(procs, pid).kill()
 
-    wait_for(lambda: scalar(engine, "SELECT status::text FROM postjob.postjobs WHERE id = :j",
+    wait_for(lambda: scalar(engine, "SELECT status::text FROM postjob.jobs WHERE id = :j",
                             j=parent_id) == "ok", LEASE + 5 + 2 * 2.0 + 5, "the parent finished")
     with engine.connect() as conn:
         children = conn.execute(text(
-            "SELECT id, status::text, results FROM postjob.postjobs WHERE parent_id = :p"),
+            "SELECT id, status::text, results FROM postjob.jobs WHERE parent_id = :p"),
             {"p": parent_id}).all()
-        result = conn.execute(text("SELECT results FROM postjob.postjobs WHERE id = :p"),
+        result = conn.execute(text("SELECT results FROM postjob.jobs WHERE id = :p"),
                               {"p": parent_id}).scalar_one()
     spawned = [w for _, w in _rows(engine, parent_id)]
     assert children == [(child_id, "ok", [40])]  # one child, the same one

@@ -75,7 +75,7 @@ def test_workers_survive_a_database_restart(
     outage = time.monotonic() - stopping
     engine.dispose()
     up_at = scalar(engine, "SELECT clock_timestamp()")
-    done_before = scalar(engine, "SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'")
+    done_before = scalar(engine, "SELECT count(*) FROM postjob.jobs WHERE status = 'ok'")
 
     overdue_seen = 0
 
@@ -87,16 +87,16 @@ def test_workers_survive_a_database_restart(
             overdue, open_jobs = conn.execute(text(
                 "SELECT count(*) FILTER (WHERE status = 'processing' "
                 "  AND lease_expires_at < clock_timestamp() - interval '1 second'), "
-                "count(*) FILTER (WHERE status <> 'ok') FROM postjob.postjobs")).one()
+                "count(*) FILTER (WHERE status <> 'ok') FROM postjob.jobs")).one()
         overdue_seen = max(overdue_seen, overdue)
         return bool(open_jobs == 0)
 
     wait_for(finished, 60, "every job ok after the restart", interval=0.1)
     with engine.connect() as conn:
         statuses = dict(conn.execute(text(
-            "SELECT status::text, count(*) FROM postjob.postjobs GROUP BY 1")).all())
+            "SELECT status::text, count(*) FROM postjob.jobs GROUP BY 1")).all())
         retried = conn.execute(text(
-            "SELECT count(*) FROM postjob.postjobs WHERE failed_attempts > 0")).scalar()
+            "SELECT count(*) FROM postjob.jobs WHERE failed_attempts > 0")).scalar()
         back = dict(conn.execute(text(
             "SELECT pid, EXTRACT(EPOCH FROM min(at) - :up) FROM rel_runs WHERE at > :up "
             "GROUP BY pid"), {"up": up_at}).all())

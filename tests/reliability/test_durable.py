@@ -22,7 +22,7 @@ def _count(engine: Engine, what: str, job_id: int | None = None) -> int:
 
 
 def _status(engine: Engine, job_id: int) -> str:
-    return str(scalar(engine, "SELECT status::text FROM postjob.postjobs WHERE id = :j", j=job_id))
+    return str(scalar(engine, "SELECT status::text FROM postjob.jobs WHERE id = :j", j=job_id))
 
 
 def test_sleeping_jobs_hold_no_worker_and_wake_on_time_once(
@@ -34,19 +34,16 @@ def test_sleeping_jobs_hold_no_worker_and_wake_on_time_once(
     with Session(engine) as s:
         ids = [JobQueue(s).enqueue("dur.nap", 3.0).id for _ in range(40)]
         s.commit()
-    wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.postjobs "
+    wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.jobs "
                             "WHERE status = 'sleep'") == 40, 10, "all asleep")
     # asleep: no job processing, no lease, every worker idle on LISTEN, nothing due
-    assert scalar(engine, "SELECT count(*) FROM postjob.postjobs WHERE status = 'processing' "
+    assert scalar(engine, "SELECT count(*) FROM postjob.jobs WHERE status = 'processing' "
                           "OR lease_token IS NOT NULL") == 0
-    with engine.connect() as conn:  # a lease row whose jobs all ended goes with the next cycle
-        leases = conn.execute(text(
-            "SELECT count(*) FROM postjob.leases l WHERE EXISTS (SELECT 1 FROM postjob.postjobs j "
-            "WHERE j.id = ANY (l.job_ids) AND j.lease_token = l.token)")).scalar_one()
-    assert leases == 0
-    assert scalar(engine, "SELECT count(*) FROM postjob.waiting WHERE due") == 0
+    assert scalar(engine, "SELECT count(*) FROM postjob.unfinished "
+                          "WHERE lease_token IS NOT NULL") == 0
+    assert scalar(engine, "SELECT count(*) FROM postjob.unfinished WHERE due") == 0
     wait_listening(engine, 4, procs)
-    wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'")
+    wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.jobs WHERE status = 'ok'")
              == 40, 15, "all woke and finished")
     with engine.connect() as conn:
         late = conn.execute(text(
@@ -77,7 +74,7 @@ def test_a_worker_killed_during_a_step_repeats_only_that_step(
     victim = next(p for p in procs if p.pid == pid)
     victim.kill()
     wait_for(lambda: _status(engine, job_id) == "ok", LEASE + 10, "rescued and finished")
-    assert scalar(engine, "SELECT results FROM postjob.postjobs WHERE id = :j", j=job_id) == ["1 slow"]
+    assert scalar(engine, "SELECT results FROM postjob.jobs WHERE id = :j", j=job_id) == ["1 slow"]
     assert _count(engine, "charge", job_id) == 1  # the stored step did not run again
     assert _count(engine, "step started", job_id) == 2  # the one it was killed in did
     assert _count(engine, "step ended", job_id) == 1
@@ -99,7 +96,8 @@ def test_a_worker_killed_while_its_sleep_is_recorded_loses_nothing(
         s.commit()
     wait_for(lambda: _count(engine, "charge", job_id), 10, "the run started")
     with engine.connect() as holder:
-        holder.execute(text("SELECT 1 FROM postjob.postjobs WHERE id = :j FOR SHARE"), {"j": job_id})
+        holder.execute(text("SELECT 1 FROM postjob.unfinished WHERE job_id = :j FOR SHARE"),
+                       {"j": job_id})
         wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.steps WHERE job_id = :j "
                                 "AND kind = 'sleep'", j=job_id), 10, "the sleep stored")
         blocked = wait_for(lambda: scalar(
@@ -115,7 +113,7 @@ def test_a_worker_killed_while_its_sleep_is_recorded_loses_nothing(
     wake_at = scalar(engine, "SELECT wake_at FROM postjob.steps WHERE job_id = :j "
                      "AND kind = 'sleep'", j=job_id)
     wait_for(lambda: _status(engine, job_id) == "sleep", LEASE + 10, "rescued, asleep again")
-    assert scalar(engine, "SELECT failed_attempts FROM postjob.postjobs WHERE id = :j",
+    assert scalar(engine, "SELECT failed_attempts FROM postjob.jobs WHERE id = :j",
                   j=job_id) == 1  # the lost run counts as an attempt (a zombie)
     wait_for(lambda: _status(engine, job_id) == "ok", 15, "woke and finished")
     with engine.connect() as conn:

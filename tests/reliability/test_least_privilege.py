@@ -118,7 +118,7 @@ def test_a_granted_role_enqueues_and_works_but_cannot_change_the_schema(
         "ALTER TABLE postjob.postjobs ADD COLUMN evil int",
         "ALTER TABLE postjob.tokens DISABLE TRIGGER ALL",
         "CREATE TABLE postjob.evil (id int)",
-        "DROP FUNCTION postjob.checkout_v3",
+        "DROP FUNCTION postjob.checkout_v4",
         "ALTER FUNCTION postjob.reap(boolean, integer) SECURITY DEFINER",
         "CREATE OR REPLACE FUNCTION postjob.schema_version() RETURNS text "
         "LANGUAGE sql AS $$ SELECT 'x' $$",

@@ -82,7 +82,7 @@ def test_worker_keeps_working_and_relistens_when_listen_is_killed(
         feeder.join(timeout=DURATION + 10)
     assert not failures, failures
     total = len(committed)
-    wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'")
+    wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.jobs WHERE status = 'ok'")
              == total, 10, f"all {total} jobs ok")
 
     with engine.connect() as conn:

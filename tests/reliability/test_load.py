@@ -27,20 +27,20 @@ def test_every_job_runs_exactly_once_and_the_work_is_shared(
         ids = JobQueue(s).enqueue_many("rel.record", [[k] for k in range(JOBS)])
         s.commit()
     started = time.monotonic()
-    wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'")
+    wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.jobs WHERE status = 'ok'")
              == JOBS, 90, f"{JOBS} jobs ok", interval=0.1)
     took = time.monotonic() - started
 
     with engine.connect() as conn:
         statuses = dict(conn.execute(text(
-            "SELECT status::text, count(*) FROM postjob.postjobs GROUP BY 1")).all())
+            "SELECT status::text, count(*) FROM postjob.jobs GROUP BY 1")).all())
         per_job = conn.execute(text(
             "SELECT count(*), count(DISTINCT job_id), max(n) FROM "
             "(SELECT job_id, count(*) AS n FROM rel_runs GROUP BY job_id) x")).one()
         recorded = {r[0] for r in conn.execute(text("SELECT DISTINCT job_id FROM rel_runs"))}
         shares = dict(conn.execute(text("SELECT pid, count(*) FROM rel_runs GROUP BY pid")).all())
         results = conn.execute(text(
-            "SELECT count(*) FROM postjob.postjobs WHERE results = jsonb_build_array(args->0) "
+            "SELECT count(*) FROM postjob.jobs WHERE results = jsonb_build_array(args->0) "
             "AND failed_attempts = 0")).scalar()
     assert statuses == {"ok": JOBS}
     assert per_job == (JOBS, JOBS, 1), "some job ran twice or not at all"

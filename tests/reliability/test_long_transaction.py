@@ -23,7 +23,7 @@ def _batch(engine: Engine, size: int = BATCH) -> float:
         ids = JobQueue(s).enqueue_many("rel.record", [[k] for k in range(size)])
         s.commit()
     started = time.monotonic()
-    wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.postjobs WHERE status = 'ok' "
+    wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.jobs WHERE status = 'ok' "
                                     "AND id BETWEEN :a AND :b", a=ids[0], b=ids[-1]) == size,
              HOLD, f"a batch of {size} jobs ok", interval=0.05)
     return size / (time.monotonic() - started)
@@ -45,7 +45,7 @@ def test_an_idle_in_transaction_snapshot_slows_but_does_not_stop_the_workers(
     during: list[float] = []
     try:
         holder.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
-        holder.execute(text("SELECT count(*) FROM postjob.postjobs")).scalar()
+        holder.execute(text("SELECT count(*) FROM postjob.jobs")).scalar()
         began = time.monotonic()
         state, xmin = scalar(engine, "SELECT array[state, backend_xmin::text] FROM "
                                      "pg_stat_activity WHERE pid = :p",

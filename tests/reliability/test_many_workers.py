@@ -44,7 +44,7 @@ def test_two_supervisors_through_pgbouncer_run_every_job_exactly_once(
         pools = [p for p in bouncer.show("POOLS") if p["database"] == db_url.database]
         peak[0] = max(peak[0], sum(int(p[k]) for p in pools  # type: ignore[call-overload]
                                    for k in ("sv_active", "sv_idle", "sv_used")))
-        return bool(scalar(engine, "SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'")
+        return bool(scalar(engine, "SELECT count(*) FROM postjob.jobs WHERE status = 'ok'")
                     == JOBS)
 
     wait_for(done, 50, f"{JOBS} jobs ok", interval=0.1)

@@ -1,7 +1,7 @@
 """Upgrading while workers run: the schema is migrated to head under workers of the released
-code (commit 4021fd5, schema pj0007, the release the head serves) while jobs stream in; then
+code (commit 3e9eeec, schema pj0008, the release the head serves) while jobs stream in; then
 workers of this code join; then, with this code's workers stopped, the schema goes back down to
-pj0007 under the released workers and more jobs come. No job is lost, none runs twice, no
+pj0008 under the released workers and more jobs come. No job is lost, none runs twice, no
 worker crashes.
 
 The released code is taken from git (``git archive``) into a temporary directory and run with
@@ -42,8 +42,8 @@ from tests.reliability.rolling_enqueuer import is_parent
 pytestmark = pytest.mark.slow
 
 #: The released code: the last landed tree before this round of work (schema pj0007).
-RELEASED = "4021fd5"
-RELEASED_REVISION = "pj0007"
+RELEASED = "3e9eeec"
+RELEASED_REVISION = "pj0008"
 OLD_WORKERS = 3
 NEW_WORKERS = 2
 OLD_KEYS = (1, 301)  # enqueued by the released code, before, during and after the migration
@@ -123,7 +123,7 @@ MIGRATION_WAITING = (
 WORKERS_WAITING = (
     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
     "AND application_name LIKE 'postjob worker %' AND wait_event_type = 'Lock' "
-    "AND query LIKE '%postjob.worker_cycle(%'"
+    "AND (query LIKE '%postjob.worker_cycle_v3(%' OR query LIKE 'EXECUTE postjob_%')"
 )
 
 

@@ -1,7 +1,8 @@
-"""The range of code a schema says it serves is honest. The oldest served release (pj0007's,
-commit 4021fd5) works on the newest schema with jobs in every state present, a cancelled child
-included (its parent catches ChildFailed); code of a release before it (pj0003's, commit
-4bb1493, which knew no 'cancelled') is refused at start, in one line, before it touches a job."""
+"""The range of code a schema says it serves is honest. The oldest served release (pj0008's,
+commit 3e9eeec) works on the newest schema with jobs in every state present, a cancelled child
+included (its parent catches ChildFailed); code of a release before it (pj0007's, commit
+4021fd5, which knew neither postjob.unfinished nor its lease) is refused at start, in one line,
+before it touches a job."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from tests.reliability.releases import extracted, released_env
 
 pytestmark = pytest.mark.slow
 
-OLDEST_SERVED = "4021fd5"  # pj0007
-BEFORE_IT = "4bb1493"  # pj0003
+OLDEST_SERVED = "3e9eeec"  # pj0008
+BEFORE_IT = "4021fd5"  # pj0007
 
 
 @pytest.fixture
@@ -60,8 +61,8 @@ def _every_state(engine: Engine) -> None:
         q = JobQueue(s, registry=postjob_sa.Registry())
         q.enqueue("other.running")
         s.commit()
-        s.execute(text("SELECT postjob.checkout_v3(NULL, 'x', ARRAY['other.running'], "
-                       "ARRAY[''], NULL, 1, 600, true)"))
+        s.execute(text("SELECT postjob.checkout_v4(NULL, 'x', ARRAY['other.running'], "
+                       "ARRAY[''], NULL, 1, 600, true, false, false)"))
         s.commit()
 
 
@@ -78,13 +79,13 @@ def test_the_oldest_served_release_runs_on_the_newest_schema_with_every_state(
             step = None
             deadline = time.monotonic() + 30
             while step is None and time.monotonic() < deadline:  # the parent asleep on its step
-                step = scalar(newest, f"SELECT id FROM postjob.postjobs WHERE parent_id = {parent}")
+                step = scalar(newest, f"SELECT id FROM postjob.jobs WHERE parent_id = {parent}")
                 time.sleep(0.05)
             assert step is not None, "the released worker did not run the parent"
             with Session(newest) as s:
                 JobQueue(s).cancel(step)
                 s.commit()
-            wait_for(lambda: scalar(newest, "SELECT status::text FROM postjob.postjobs "
+            wait_for(lambda: scalar(newest, "SELECT status::text FROM postjob.jobs "
                                             f"WHERE id = {parent}") == "ok", 30,
                      "the parent ok, having caught ChildFailed")
         finally:

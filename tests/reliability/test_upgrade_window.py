@@ -19,12 +19,12 @@ from sqlalchemy.orm import Session
 import postjob_sa
 from postjob_sa import JobQueue, Registry
 from tests.conftest import create_clone, drop_database
-from tests.reliability.upgrade_window import PJ0007, Release, WindowJobs, run_window
+from tests.reliability.upgrade_window import PJ0008, Release, WindowJobs, run_window
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_drivers]
 
 #: The release whose workers run while the schema goes to head (the oldest the head serves).
-SERVED = PJ0007
+SERVED = PJ0008
 #: Steps that install function bodies, at most, on the way to head (workflows for each).
 MAX_WINDOWS = 6
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import URL, Engine, create_engine, text
+from sqlalchemy import URL, create_engine
 
 import postjob_sa
 from postjob_sa.alembic import _steps

@@ -28,9 +28,9 @@ ADOPTION = "0ba0f0330356"
 #: ... the one `alembic revision --autogenerate` wrote next (orders.fulfil_job_id) ...
 FULFIL_JOB = "85a938654cea"
 #: ... and the ones `postjob db revision` wrote at each upgrade of postjob_sa since, oldest first
-#: (our schema to pj0003, pj0004, pj0005, pj0006, pj0007 and pj0008, the head)
+#: (our schema to pj0003, pj0004, pj0005, pj0006, pj0007, pj0008 and pj0009, the head)
 UPGRADES = ("5c2d81e07a44", "4b5e394ca18a", "9a9e5cf938d9", "5053e053e126", "a709e11b25d7",
-            "23df5c22f2bb")
+            "23df5c22f2bb", "0417b804b548")
 BEFORE_ADOPTION = "shop0003"
 
 

@@ -31,7 +31,7 @@ def client(engine: Engine) -> Client:
 
 def status_of(engine: Engine, job_id: int) -> str:
     with engine.connect() as conn:
-        return str(conn.execute(text("SELECT status::text FROM postjob.postjobs WHERE id = :i"),
+        return str(conn.execute(text("SELECT status::text FROM postjob.jobs WHERE id = :i"),
                                 {"i": job_id}).scalar_one())
 
 

@@ -125,7 +125,7 @@ def test_each_running_job_is_fenced_on_its_own(engine: Engine, clean: None) -> N
         while time.monotonic() < deadline:
             with engine.connect() as conn:
                 rows = conn.execute(text(
-                    "SELECT lease_token, worker_id FROM postjob.postjobs WHERE status = 'processing'"
+                    "SELECT lease_token, worker_id FROM postjob.jobs WHERE status = 'processing'"
                 )).all()
             if len(rows) == 4:
                 break
@@ -140,7 +140,7 @@ def test_each_running_job_is_fenced_on_its_own(engine: Engine, clean: None) -> N
         gate.set()
         worker.join(20)
     with engine.connect() as conn:
-        statuses = dict(conn.execute(text("SELECT id, status::text FROM postjob.postjobs")).all())
+        statuses = dict(conn.execute(text("SELECT id, status::text FROM postjob.jobs")).all())
     assert statuses == {ids[0]: "cancelled", **{i: "ok" for i in ids[1:]}}
 
 
@@ -154,7 +154,7 @@ def test_an_async_fan_out_runs_each_child_once(engine: Engine, clean: None) -> N
             break
     with engine.connect() as conn:
         status, results, note = conn.execute(text(
-            "SELECT status::text, results, workflow_status FROM postjob.postjobs WHERE id = :i"),
+            "SELECT status::text, results, workflow_status FROM postjob.jobs WHERE id = :i"),
             {"i": parent}).one()
     assert (status, results, note) == ("ok", [sum(i * i for i in range(200))], "200 children")
     assert RUNS == Counter(range(200))
@@ -173,7 +173,7 @@ def test_an_async_workflow_gathers_its_children(engine: Engine, clean: None) -> 
             break
     with engine.connect() as conn:
         status, results, error = conn.execute(text(
-            "SELECT status::text, results, error_message FROM postjob.postjobs WHERE id = :i"),
+            "SELECT status::text, results, error_message FROM postjob.jobs WHERE id = :i"),
             {"i": parent}).one()
     assert (status, error) == ("ok", None)
     assert results == [{"results": [0, 1, 4, 9, 16, 0], "distinct": 5, "same": True}]
@@ -223,7 +223,7 @@ def test_a_transactional_async_workflow_gets_an_async_session_in_the_checkouts_t
         assert q.drain() == 2
     with engine.connect() as conn:
         values = [r[0] for r in conn.execute(text("SELECT value FROM cc_side"))]
-        statuses = dict(conn.execute(text("SELECT id, status::text FROM postjob.postjobs")).all())
+        statuses = dict(conn.execute(text("SELECT id, status::text FROM postjob.jobs")).all())
     assert values == [101]
     assert statuses == {good: "ok", bad: "failed"}
 

@@ -49,7 +49,7 @@ def grandchild(x: int) -> int:
 def _rows(engine: Engine) -> dict[str, tuple[str, str | None]]:
     with engine.connect() as conn:
         return {r[0]: (r[1], r[2]) for r in conn.execute(text(
-            "SELECT workflow, status::text, workflow_status FROM postjob.postjobs"))}
+            "SELECT workflow, status::text, workflow_status FROM postjob.jobs"))}
 
 
 @pytest.mark.parametrize("action", ["spawn", "status"])

@@ -79,7 +79,7 @@ def test_idle_workers_stay_idle_through_zone_transitions(engine: Engine, clean: 
     print(f"three idle workers in zone transitions: {spent} transactions in 3 s")
     assert spent < 150, spent  # a few per second each, not thousands (7,580 before the fix)
     with engine.connect() as conn:
-        jobs = conn.execute(text("SELECT workflow, tags->>'tick', status::text FROM postjob.postjobs "
+        jobs = conn.execute(text("SELECT workflow, tags->>'tick', status::text FROM postjob.jobs "
                                  "ORDER BY id")).all()
     # the fall-back ticks ran in the first pass (before the workers came): nothing now; the
     # spring tick comes a second after the start, at the first minute after the jump

@@ -124,7 +124,7 @@ def test_the_heartbeat_keeps_a_job_longer_than_its_lease(runs: Engine) -> None:
         worker.join(30)
     assert _starts(runs) == {job_id: 1}
     with runs.connect() as conn:
-        assert conn.execute(text("SELECT status::text FROM postjob.postjobs WHERE id = :i"),
+        assert conn.execute(text("SELECT status::text FROM postjob.jobs WHERE id = :i"),
                             {"i": job_id}).scalar() == "ok"
 
 
@@ -143,7 +143,7 @@ def test_a_row_locked_by_the_app_stalls_neither_the_heartbeat_nor_the_batch(runs
     while first not in _starts(runs) and time.monotonic() < deadline:
         time.sleep(0.02)
     with runs.connect() as conn:  # one worker holds both, the first one running
-        assert conn.execute(text("SELECT count(*) FROM postjob.postjobs "
+        assert conn.execute(text("SELECT count(*) FROM postjob.jobs "
                                  "WHERE status = 'processing'")).scalar() == 2
     with runs.connect() as app, Rescuer(runs):
         app.begin()
@@ -153,7 +153,7 @@ def test_a_row_locked_by_the_app_stalls_neither_the_heartbeat_nor_the_batch(runs
         worker.join(30)
     assert _starts(runs) == {first: 1, second: 1}
     with runs.connect() as conn:
-        statuses = dict(conn.execute(text("SELECT id, status::text FROM postjob.postjobs")).all())
+        statuses = dict(conn.execute(text("SELECT id, status::text FROM postjob.jobs")).all())
     assert statuses == {first: "ok", second: "ok"}
 
 
@@ -174,9 +174,9 @@ def test_checkout_in_the_callers_transaction_locks_only_what_it_hands_out(
         with engine.connect() as other:  # the expired job was neither reaped nor locked
             other.execute(text("SET lock_timeout = '100ms'"))
             row = other.execute(text(
-                "SELECT status::text FROM postjob.postjobs WHERE id = :i FOR UPDATE NOWAIT"
-            ), {"i": abandoned}).scalar()
-            assert row == "processing"
+                "SELECT lease_token IS NOT NULL FROM postjob.unfinished WHERE job_id = :i "
+                "FOR UPDATE NOWAIT"), {"i": abandoned}).scalar()
+            assert row is True  # still held under its expired lease
             other.rollback()
         s.rollback()
     with Session(engine) as s:
@@ -195,15 +195,13 @@ def test_a_job_on_a_live_worker_is_never_reaped_whatever_its_lease_says(runs: En
     while job_id not in _starts(runs) and time.monotonic() < deadline:
         time.sleep(0.02)
     with runs.begin() as conn:
-        conn.execute(text("UPDATE postjob.postjobs SET lease_expires_at = now() - interval '5 s' "
-                          "WHERE id = :i"), {"i": job_id})
-        conn.execute(text("UPDATE postjob.leases SET expires_at = now() - interval '5 s' "
-                          "WHERE :i = ANY(job_ids)"), {"i": job_id})
+        conn.execute(text("UPDATE postjob.unfinished SET lease_expires_at = now() - interval '5 s' "
+                          "WHERE job_id = :i"), {"i": job_id})
     with Session(runs) as s:
         assert JobQueue(s).reap() == 0
         s.commit()
     worker.join(30)
     assert _starts(runs) == {job_id: 1}
     with runs.connect() as conn:
-        assert conn.execute(text("SELECT status::text FROM postjob.postjobs WHERE id = :i"),
+        assert conn.execute(text("SELECT status::text FROM postjob.jobs WHERE id = :i"),
                             {"i": job_id}).scalar() == "ok"

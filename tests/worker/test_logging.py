@@ -53,7 +53,7 @@ def _until_final(engine: Engine, q: JobQueue) -> None:
     for _ in range(200):  # a retry is due in milliseconds (fast mode)
         q.drain()
         with engine.connect() as conn:
-            if not conn.execute(text("SELECT count(*) FROM postjob.postjobs "
+            if not conn.execute(text("SELECT count(*) FROM postjob.jobs "
                                      "WHERE status NOT IN ('ok', 'failed')")).scalar():
                 return
         time.sleep(0.01)

@@ -148,7 +148,7 @@ def test_job_log_lines_carry_job_id_workflow_attempt_and_duration(
 
 def _unfinished(session: Session) -> int:
     return int(session.execute(text(
-        "SELECT count(*) FROM postjob.postjobs WHERE status <> 'ok'")).scalar_one())
+        "SELECT count(*) FROM postjob.jobs WHERE status <> 'ok'")).scalar_one())
 
 
 def test_the_json_log_format_carries_the_job_fields() -> None:

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 import postjob_sa
 from postjob_sa import InvalidJobState, Job, JobNotFound, JobQueue, Registry, Status
+from tests.conftest import finish_ok
 
 pytestmark = pytest.mark.both_drivers
 
@@ -236,13 +237,7 @@ def test_an_expired_lease_is_reaped_as_a_zombie_and_the_late_write_is_rejected(
     session.commit()
     # ... and the original worker's late result is fenced off
     with engine.begin() as conn:
-        ok_written = conn.execute(
-            text("SELECT cardinality(postjob.finish_jobs(ARRAY[CAST(:id AS bigint)], ARRAY[CAST(:lease AS bigint)], "
-            "ARRAY['ok'], ARRAY[CAST('[0]' AS jsonb)], ARRAY[NULL], ARRAY[NULL], ARRAY[NULL]::jsonb[], "
-            "ARRAY[NULL], ARRAY[NULL]::bigint[])) = 1"),
-            {"id": job.id, "lease": old_token},
-        ).scalar()
-    assert ok_written is False
+        assert finish_ok(conn, job.id, old_token) is False
     assert _job(session, job.id).status is Status.processing
     q.complete(fresh, "fresh")
     session.commit()
@@ -271,8 +266,8 @@ def test_reset_gives_a_timed_out_job_a_fresh_deadline(session: Session) -> None:
     job = q.enqueue(ok, 1, timeout=60)
     session.commit()
     # its deadline passes (by the database's clock, whatever the machine's load): the job's
-    # row and its row among the waiting, which the reaper reads
-    for table, key in (("postjobs", "id"), ("waiting", "job_id")):
+    # record and its row in postjob.unfinished, which the reaper reads
+    for table, key in (("postjobs", "id"), ("unfinished", "job_id")):
         session.execute(text(f"UPDATE postjob.{table} SET timing_out_at = now() - interval '1 s' "
                              f"WHERE {key} = :id"), {"id": job.id})
     session.commit()
@@ -316,7 +311,9 @@ def test_force_runs_a_waiting_job_now(session: Session) -> None:
         q.force(later.id)
 
 
-def test_one_update_per_transition(engine: Engine, session: Session) -> None:
+def test_a_run_writes_the_record_once_when_it_ends(engine: Engine, session: Session) -> None:
+    """The checkout writes the job's row in postjob.unfinished only; the record is written
+    when the run ends."""
     q = _q(session, fast_mode=True)
     job = q.enqueue(ok, 1)
     session.commit()
@@ -334,4 +331,4 @@ def test_one_update_per_transition(engine: Engine, session: Session) -> None:
             "SELECT n_tup_upd FROM pg_stat_user_tables WHERE schemaname = 'postjob' AND relname = 'postjobs'"
         )).scalar()
     assert _job(session, job.id).status is Status.ok
-    assert after - before == 2  # checkout, result
+    assert after - before == 1  # the result

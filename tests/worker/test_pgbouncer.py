@@ -90,7 +90,7 @@ def enqueue(engine: Engine, workflow: str, keys: range) -> list[int]:
 
 def statuses(engine: Engine) -> Counter[str]:
     with engine.connect() as conn:
-        return Counter(r[0] for r in conn.execute(text("SELECT status::text FROM postjob.postjobs")))
+        return Counter(r[0] for r in conn.execute(text("SELECT status::text FROM postjob.jobs")))
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
@@ -194,7 +194,7 @@ def _scalar(engine: Engine, sql: str) -> Any:
 
 
 def _wait_done(engine: Engine, n: int) -> None:
-    wait_for(lambda: _scalar(engine, "SELECT count(*) FROM postjob.postjobs "
+    wait_for(lambda: _scalar(engine, "SELECT count(*) FROM postjob.jobs "
                                      "WHERE status = 'ok'") == n, 15, f"{n} jobs ok")
 
 

@@ -37,7 +37,7 @@ def bad_error() -> None:
 def _rows(engine: Engine) -> dict[int, tuple[Any, ...]]:
     with engine.connect() as conn:
         return {r[0]: tuple(r[1:]) for r in conn.execute(text(
-            "SELECT id, status::text, results, error, error_message FROM postjob.postjobs"))}
+            "SELECT id, status::text, results, error, error_message FROM postjob.jobs"))}
 
 
 def _batch_of_three(engine: Engine, poison: postjob_sa.Workflow[Any, Any]) -> tuple[list[int], int]:

@@ -55,7 +55,8 @@ def _stop_workers() -> Iterator[None]:
 
 def _leases(engine: Engine) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM postjob.leases")).scalar_one())
+        return int(conn.execute(text(
+            "SELECT count(*) FROM postjob.unfinished WHERE lease_token IS NOT NULL")).scalar_one())
 
 
 @pytest.mark.parametrize("seconds", [0.0, 1.5])
@@ -105,6 +106,6 @@ def test_reset_of_a_job_cancelled_while_its_run_executes_waits_for_the_run(
         session.close()
         assert q.reset(job_id) == [job_id]
         s.commit()
-        status = s.execute(text("SELECT status::text FROM postjob.postjobs WHERE id = :i"),
+        status = s.execute(text("SELECT status::text FROM postjob.jobs WHERE id = :i"),
                            {"i": job_id}).scalar()
     assert status == "ready"

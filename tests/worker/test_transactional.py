@@ -60,7 +60,7 @@ def _values(engine: Engine) -> list[int]:
 def _job(engine: Engine, job_id: int) -> tuple[str, int]:
     with engine.connect() as conn:
         row = conn.execute(text(
-            "SELECT status::text, failed_attempts FROM postjob.postjobs WHERE id = :i"
+            "SELECT status::text, failed_attempts FROM postjob.jobs WHERE id = :i"
         ), {"i": job_id}).one()
         return str(row[0]), int(row[1])
 

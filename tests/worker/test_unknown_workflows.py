@@ -193,7 +193,7 @@ def test_the_unknown_workflows_query_uses_the_waiting_jobs_indexes(
             "SELECT 'wf' || (i % 20), CASE WHEN i % 2 = 0 THEN 'ready' ELSE 'ok' END::postjob.statuses "
             "FROM generate_series(1, 50000) i"))
         conn.execute(text("ANALYZE postjob.postjobs"))
-        conn.execute(text("ANALYZE postjob.waiting"))
+        conn.execute(text("ANALYZE postjob.unfinished"))
         plan = "\n".join(conn.exec_driver_sql("EXPLAIN " + _sql.WORKFLOWS_UNKNOWN).scalars())
-    assert "Seq Scan on waiting" not in plan and "Seq Scan on postjobs" not in plan, plan
-    assert "waiting_due_idx" in plan and "waiting_scheduled_idx" in plan, plan
+    assert "Seq Scan on unfinished" not in plan and "Seq Scan on postjobs" not in plan, plan
+    assert "unfinished_due_idx" in plan and "unfinished_scheduled_idx" in plan, plan

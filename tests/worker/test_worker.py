@@ -105,10 +105,10 @@ def test_sigterm_lets_the_current_job_finish_then_the_worker_exits(db_url: URL, 
         out, err = proc.communicate(timeout=15)
         assert proc.returncode == 0, err
         assert "processed 1" in out
-        assert _scalar(engine, "SELECT status::text FROM postjob.postjobs WHERE id = :i", i=job_id) == "ok"
+        assert _scalar(engine, "SELECT status::text FROM postjob.jobs WHERE id = :i", i=job_id) == "ok"
         # the second job was not started
         assert _scalar(engine, "SELECT count(*) FROM app_marks WHERE marker='m2'") == 0
-        assert _scalar(engine, "SELECT count(*) FROM postjob.postjobs WHERE status = 'processing'") == 0
+        assert _scalar(engine, "SELECT count(*) FROM postjob.jobs WHERE status = 'processing'") == 0
     finally:
         _stop(proc)
 
@@ -128,7 +128,7 @@ def test_a_second_signal_stops_at_once_and_releases_the_job(db_url: URL, engine:
         row = None
         with engine.connect() as conn:
             row = conn.execute(text(
-                "SELECT status::text, failed_attempts, lease_token FROM postjob.postjobs WHERE id = :i"
+                "SELECT status::text, failed_attempts, lease_token FROM postjob.jobs WHERE id = :i"
             ), {"i": job_id}).one()
         assert row == ("ready", 0, None)  # released for retry, no attempt counted
     finally:
@@ -137,7 +137,7 @@ def test_a_second_signal_stops_at_once_and_releases_the_job(db_url: URL, engine:
 
 def _job_row(engine: Engine, job_id: int) -> tuple[str, int]:
     with engine.connect() as conn:
-        row = conn.execute(text("SELECT status::text, failed_attempts FROM postjob.postjobs "
+        row = conn.execute(text("SELECT status::text, failed_attempts FROM postjob.jobs "
                                 "WHERE id = :i"), {"i": job_id}).one()
     return str(row[0]), int(row[1])
 
@@ -238,8 +238,8 @@ def test_transactional_mode_commits_the_jobs_writes_exactly_once(engine: Engine,
         q.drain()
     with engine.connect() as conn:
         values = sorted(r[0] for r in conn.execute(text("SELECT value FROM tx_side")))
-        statuses = dict(conn.execute(text("SELECT id, status::text FROM postjob.postjobs")).all())
-        bad_row = conn.execute(text("SELECT failed_attempts, error_message FROM postjob.postjobs WHERE id = :i"), {"i": bad}).one()
+        statuses = dict(conn.execute(text("SELECT id, status::text FROM postjob.jobs")).all())
+        bad_row = conn.execute(text("SELECT failed_attempts, error_message FROM postjob.jobs WHERE id = :i"), {"i": bad}).one()
     assert values == [1]  # the failing job's writes were rolled back with it, twice
     assert statuses == {good: "ok", bad: "failed"}
     assert bad_row == (2, "roll me back")
@@ -304,4 +304,4 @@ def test_work_count_and_signal_free_threads(engine: Engine, clean: None) -> None
     for t in threads:
         t.join(timeout=30)
     assert done == [5, 5]
-    assert _scalar(engine, "SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'") == 10
+    assert _scalar(engine, "SELECT count(*) FROM postjob.jobs WHERE status = 'ok'") == 10

@@ -49,7 +49,7 @@ def exits(kind: str) -> None:
 def _statuses(engine: Engine) -> dict[int, tuple[str, int]]:
     with engine.connect() as conn:
         return {int(r[0]): (str(r[1]), int(r[2])) for r in conn.execute(text(
-            "SELECT id, status::text, failed_attempts FROM postjob.postjobs ORDER BY id"))}
+            "SELECT id, status::text, failed_attempts FROM postjob.jobs ORDER BY id"))}
 
 
 def _transactions(engine: Engine) -> int:
@@ -210,7 +210,7 @@ def test_a_value_the_database_refuses_fails_that_job_and_no_other(
         assert [statuses[i] for i in ids] == [("ok", 0), ("failed", 1), ("ok", 0)]
         with engine.connect() as conn:
             error, message = conn.execute(text(
-                "SELECT error, error_message FROM postjob.postjobs WHERE id = :i"),
+                "SELECT error, error_message FROM postjob.jobs WHERE id = :i"),
                 {"i": ids[1]}).one()
         assert error == "OutcomeRefused" and "no_poison" in message
         assert "the database refused its outcome" in caplog.text
@@ -228,24 +228,25 @@ BEGIN
   END IF;
   RETURN NEW;
 END $$;
-CREATE TRIGGER edge_deadlock BEFORE UPDATE ON postjob.postjobs
+CREATE TRIGGER edge_deadlock BEFORE UPDATE ON postjob.{table}
   FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION edge_deadlock();
 """
 
 
 @contextlib.contextmanager
-def _deadlocks(engine: Engine, count: int, when: str) -> Iterator[None]:
-    """The first ``count`` updates of a job row that match ``when`` (SQL) fail as deadlocks."""
+def _deadlocks(engine: Engine, count: int, when: str, table: str = "postjobs") -> Iterator[None]:
+    """The first ``count`` updates of a row of ``table`` (a job's record, or its row in
+    postjob.unfinished) that match ``when`` (SQL) fail as deadlocks."""
     with engine.begin() as conn:
         conn.execute(text("CREATE SEQUENCE edge_deadlocks"))
         conn.execute(text("CREATE TABLE edge_deadlock_count (n int)"))
         conn.execute(text("INSERT INTO edge_deadlock_count VALUES (:n)"), {"n": count})
-        conn.execute(text(DEADLOCK_TRIGGER.format(when=when)))
+        conn.execute(text(DEADLOCK_TRIGGER.format(when=when, table=table)))
     try:
         yield
     finally:
         with engine.begin() as conn:
-            conn.execute(text("DROP TRIGGER edge_deadlock ON postjob.postjobs"))
+            conn.execute(text(f"DROP TRIGGER edge_deadlock ON postjob.{table}"))
             conn.execute(text("DROP FUNCTION edge_deadlock()"))
             conn.execute(text("DROP TABLE edge_deadlock_count"))
             conn.execute(text("DROP SEQUENCE edge_deadlocks"))
@@ -283,7 +284,8 @@ def test_a_checkout_that_deadlocks_is_tried_again_by_the_loop_a_bounded_number_o
     engine: Engine, clean: None, caplog: pytest.LogCaptureFixture, deadlocks: int,
 ) -> None:
     # 6: more than the cycle's own retries (3), fewer than the loop's turns (10)
-    with _deadlocks(engine, deadlocks, "NEW.status = 'processing' AND OLD.status <> 'processing'"):
+    with _deadlocks(engine, deadlocks, "NEW.lease_token IS NOT NULL AND OLD.lease_token IS NULL",
+                    table="unfinished"):
         with Session(engine) as s:
             job_id = JobQueue(s, registry=reg).enqueue(echo, "fine").id
             s.commit()

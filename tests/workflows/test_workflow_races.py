@@ -1,5 +1,5 @@
-"""Wake-up races, ordered deterministically: two connections call postjob.checkout and
-postjob.finish_jobs directly, one holding its transaction open so that the other must wait
+"""Wake-up races, ordered deterministically: two connections call postjob.checkout_v4 and
+postjob.finish_v4 directly, one holding its transaction open so that the other must wait
 on a row lock; we check that the waiter really is blocked before letting the first commit.
 Also: wake-ups without waste, cascading timeouts with fencing."""
 
@@ -20,11 +20,24 @@ from tests.wfutil import children, row
 
 pytestmark = pytest.mark.both_drivers
 
+#: One outcome (ok through the ok arrays, the others through the other ones); the ids
+#: recorded (the one sent, unless the database called it lost).
 FINISH = (
-    "SELECT postjob.finish_jobs(ARRAY[%(id)s]::bigint[], ARRAY[%(lease)s]::bigint[], "
-    "ARRAY[%(outcome)s]::text[], ARRAY[%(result)s]::jsonb[], ARRAY[%(error)s]::text[], "
-    "ARRAY[%(message)s]::text[], ARRAY[NULL]::jsonb[], ARRAY['']::text[], "
-    "ARRAY[%(awaiting)s]::bigint[], true)"
+    "SELECT ARRAY(SELECT %(id)s::bigint EXCEPT SELECT f.id FROM postjob.finish_v4("
+    "CASE WHEN %(outcome)s = 'ok' THEN ARRAY[%(id)s]::bigint[] ELSE '{}' END, "
+    "CASE WHEN %(outcome)s = 'ok' THEN ARRAY[%(lease)s]::bigint[] ELSE '{}' END, "
+    "CASE WHEN %(outcome)s = 'ok' THEN ARRAY[%(result)s]::jsonb[] ELSE '{}' END, "
+    "CASE WHEN %(outcome)s = 'ok' THEN ARRAY['']::text[] ELSE '{}' END, "
+    "CASE WHEN %(outcome)s <> 'ok' THEN ARRAY[%(id)s]::bigint[] ELSE '{}' END, "
+    "CASE WHEN %(outcome)s <> 'ok' THEN ARRAY[%(lease)s]::bigint[] ELSE '{}' END, "
+    "CASE WHEN %(outcome)s <> 'ok' THEN ARRAY[%(outcome)s]::text[] ELSE '{}' END, "
+    "CASE WHEN %(outcome)s <> 'ok' THEN ARRAY[%(error)s]::text[] ELSE '{}' END, "
+    "CASE WHEN %(outcome)s <> 'ok' THEN ARRAY[%(message)s]::text[] ELSE '{}' END, "
+    "CASE WHEN %(outcome)s <> 'ok' THEN ARRAY[NULL]::jsonb[] ELSE '{}' END, "
+    "CASE WHEN %(outcome)s <> 'ok' THEN ARRAY['']::text[] ELSE '{}' END, "
+    "CASE WHEN %(outcome)s <> 'ok' THEN ARRAY[%(awaiting)s]::bigint[] ELSE '{}' END, "
+    "CASE WHEN %(outcome)s <> 'ok' THEN ARRAY[0.01]::float8[] ELSE '{}' END, "
+    "'{}', '{}') f WHERE f.kind = 'lost')"
 )
 
 
@@ -56,8 +69,8 @@ class Conn:
     def checkout(self, workflow: str) -> tuple[int, int]:
         with self.raw.cursor() as cur:
             cur.execute(
-                "SELECT id, lease_token FROM postjob.checkout_v2(NULL, NULL, ARRAY[%(w)s], ARRAY[''], "
-                "NULL, 1, 60)",
+                "SELECT id, lease_token FROM postjob.checkout_v4(NULL, 'test', ARRAY[%(w)s], "
+                "ARRAY[''], NULL, 1, 60, true, false, false)",
                 {"w": workflow},
             )
             got = cur.fetchone()
@@ -72,7 +85,7 @@ class Conn:
         }))
 
     def status(self, job_id: int) -> str:
-        return str(self.one("SELECT status::text FROM postjob.postjobs WHERE id = %(i)s", {"i": job_id}))
+        return str(self.one("SELECT status::text FROM postjob.jobs WHERE id = %(i)s", {"i": job_id}))
 
     def close(self) -> None:
         self.raw.close()
@@ -143,18 +156,31 @@ def test_child_completion_in_flight_while_parent_goes_to_sleep(conns: tuple[Conn
 
 def test_parent_sleep_in_flight_while_child_completes(conns: tuple[Conn, Conn, Conn]) -> None:
     """Reverse order: the parent's 'sleep' is written but not committed when the child
-    finishes; the child's completion waits, then finds the parent asleep and wakes it."""
+    finishes. The child's outcome does not wait for the parent's row (an outcome never waits
+    for another job): it leaves its end to be told (postjob.wakeups), the parent's sleep
+    commits, and the next idle wait or promotion of any worker wakes the parent; an idle
+    worker looks again within a second while an end is still to be told."""
     cp, cc, watch = conns
     parent, (kid,) = _parent_with_children(cp, "race.a")
     child = cc.checkout("race.a")
     cp.begin()
     assert cp.finish(parent, "sleep", awaiting=kid) == [parent[0]]
-    t, out = in_thread(lambda: cc.finish(child, "ok", result="[1]"))
-    wait_until_blocked(watch, cc.pid)
+    assert cc.finish(child, "ok", result="[1]") == [kid]  # did not wait
     cp.commit()
-    t.join(10)
-    assert out == [[kid]]
+    assert watch.status(kid) == "ok"
+    assert watch.status(parent[0]) == "sleep"
+    assert watch.one("SELECT array_agg(job_id) FROM postjob.wakeups") == [kid]
+    idle = ("SELECT postjob.worker_idle_v2(NULL, ARRAY['race.other'], ARRAY[''], NULL, "
+            "false)")
+    cp.begin()  # another transaction holds the parent's row: the end stays to be told
+    cp.one("SELECT 1 FROM postjob.unfinished WHERE job_id = %(i)s FOR UPDATE", {"i": parent[0]})
+    wait = watch.one(idle)
+    assert wait is not None and 0 < wait <= 1
+    assert watch.status(parent[0]) == "sleep"
+    cp.commit()
+    watch.one(idle)
     assert watch.status(parent[0]) == "ready"
+    assert watch.one("SELECT count(*) FROM postjob.wakeups") == 0
 
 
 @pytest.mark.parametrize("in_flight", [False, True], ids=["committed", "in-flight"])

@@ -50,7 +50,7 @@ def _worker(engine: Engine, root_id: int, errors: list[BaseException]) -> None:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 q.drain()
-                status = s.execute(text("SELECT status::text FROM postjob.postjobs WHERE id = :i"),
+                status = s.execute(text("SELECT status::text FROM postjob.jobs WHERE id = :i"),
                                    {"i": root_id}).scalar_one()
                 s.commit()
                 if status in ("ok", "failed", "timeout"):
@@ -73,12 +73,12 @@ def test_two_workers_run_a_tree_once_each(engine: Engine, queue: JobQueue, sessi
     assert errors == []
     assert result(session, root_id) == [[b * 100 + i for i in range(4)] for b in range(6)]
     assert count_jobs(session) == 1 + 6 + 24  # no duplicate children
-    statuses = session.execute(text("SELECT status::text, count(*) FROM postjob.postjobs GROUP BY 1")).all()
+    statuses = session.execute(text("SELECT status::text, count(*) FROM postjob.jobs GROUP BY 1")).all()
     assert dict(statuses) == {"ok": 31}
-    ids = session.execute(text("SELECT id FROM postjob.postjobs")).scalars().all()
+    ids = session.execute(text("SELECT id FROM postjob.jobs")).scalars().all()
     assert RETURNS == Counter(dict.fromkeys(ids, 1))  # every job returned exactly once
     dupes = session.execute(text(
-        "SELECT count(*) FROM (SELECT parent_id, workflow, args FROM postjob.postjobs "
+        "SELECT count(*) FROM (SELECT parent_id, workflow, args FROM postjob.jobs "
         "WHERE parent_id IS NOT NULL GROUP BY 1, 2, 3 HAVING count(*) > 1) d")).scalar_one()
     assert dupes == 0
     session.commit()
