@@ -20,6 +20,10 @@ from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, QueueLimit, Statu
 #: SQLSTATE unique_violation; and the one reset_jobs raises itself for a key held by another job.
 UNIQUE_VIOLATION = "23505"
 KEY_HELD_STATE = "PJ002"
+#: SQLSTATEs of resolve when the job ended or went meanwhile (invalid_parameter_value,
+#: no_data_found).
+ENDED_MEANWHILE = "22023"
+GONE_MEANWHILE = "P0002"
 
 
 class JobOperations:
@@ -66,14 +70,28 @@ class JobOperations:
             raise InvalidJobState(f"job {job_id} is not a manual job")
         if Status(status) in FINAL_STATUSES:
             raise InvalidJobState(f"job {job_id} is already {status}")
-        self.session.execute(
-            _sql.JOB_RESOLVE,
-            {
-                "token": str(token_uuid), "result": payload,
-                "error": None if error is None else "Resolved",
-                "message": error,
-            },
-        )
+        # Another transaction may end the job between the look above and the resolve (another
+        # resolve, a cancel): the database refuses then, in a savepoint that keeps the
+        # caller's transaction usable.
+        savepoint = self.session.begin_nested()
+        try:
+            self.session.execute(
+                _sql.JOB_RESOLVE,
+                {
+                    "token": str(token_uuid), "result": payload,
+                    "error": None if error is None else "Resolved",
+                    "message": error,
+                },
+            )
+        except DBAPIError as exc:
+            if sqlstate(exc) not in (ENDED_MEANWHILE, GONE_MEANWHILE):
+                raise
+            savepoint.rollback()
+            status = self.session.execute(_sql.JOB_EXISTS, {"id": job_id}).scalar()
+            if status is None:
+                raise JobNotFound(f"no job has the token {token_uuid}") from None
+            raise InvalidJobState(f"job {job_id} is already {status}") from None
+        savepoint.commit()
         return int(job_id)
 
     @schema_checked
