@@ -136,6 +136,12 @@ EVENTS_PRUNE = text(
 JOB_TRACE_CONTEXT = (
     "SELECT trace_context FROM postjob.postjobs WHERE id = %(job_id)s::bigint"
 )
+#: A job's trace context, stored by a run (its first, when the job had none; or the run that
+#: is about to spawn, so that the children inherit its context: see postjob_sa._tracing).
+JOB_TRACE_CONTEXT_SET = (
+    "UPDATE postjob.postjobs SET trace_context = %(trace_context)s::jsonb "
+    "WHERE id = %(job_id)s::bigint"
+)
 
 # -- schema checks (the worker, the CLI and migrate) --------------------------------------------
 
