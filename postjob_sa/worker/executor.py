@@ -18,7 +18,13 @@ from typing import Any
 
 from postjob_sa import _backoff, _json, _sql, _tracing
 from postjob_sa.context import Pending, _RunContext, enter, leave
-from postjob_sa.errors import JobCancelled, LeaseLost, NonRecoverable, ResultNotJSON
+from postjob_sa.errors import (
+    ArgumentMismatch,
+    JobCancelled,
+    LeaseLost,
+    NonRecoverable,
+    ResultNotJSON,
+)
 from postjob_sa.registry import Workflow
 from postjob_sa.worker.signals import Abort
 
@@ -312,6 +318,11 @@ def _from_error(ctx: _RunContext, wf: Workflow[Any, Any], exc: BaseException,
             return _error_outcome(ctx, wf, "err", flush_error)
         return Outcome(job.id, job.lease_token, "sleep", version=wf.version, awaiting=exc.child_id,
                        wake_in=exc.wake_in)
+    if isinstance(exc, TypeError):
+        problem = wf.args_problem(job.args)
+        if problem is not None:  # the call itself failed: no retry can make the args fit
+            mismatch = ArgumentMismatch(wf.mismatch(job.args, problem))
+            return _error_outcome(ctx, wf, "failed", mismatch.with_traceback(exc.__traceback__))
     if isinstance(exc, NonRecoverable):
         return _error_outcome(ctx, wf, "failed", exc)
     if isinstance(exc, Exception):

@@ -72,6 +72,12 @@ def test_enqueue_with_import_takes_the_workflow_defaults(cli: Any, engine: Engin
         (["job", "enqueue", "wf", "--run-at", "tomorrow"], "not an ISO-8601 time"),
         (["job", "enqueue", "--import", "no.such.module", "wf"], "cannot import workflow module"),
         (["job", "enqueue", "--import", "postjob_sa.demo", "demo.nope"], "no workflow named"),
+        # demo.measure(word): each run would fail with a TypeError, retried every attempt
+        (["job", "enqueue", "--import", "postjob_sa.demo", "demo.measure"],
+         "the args [] do not fit workflow 'demo.measure' (word): missing a required "
+         "argument: 'word'"),
+        (["job", "enqueue", "--import", "postjob_sa.demo", "demo.measure", '"a"', '"b"'],
+         "too many positional arguments"),
         (["job", "reset", "999"], "no job has the id 999"),
         (["job", "reset", "1x"], "not a job id"),
         (["job", "force", "999"], "no job has the id 999"),

@@ -335,3 +335,43 @@ def test_one_update_per_transition(engine: Engine, session: Session) -> None:
         )).scalar()
     assert _job(session, job.id).status is Status.ok
     assert after - before == 2  # checkout, result
+
+
+@postjob_sa.workflow(name="out.welcome", registry=reg)
+def welcome(email: str) -> str:
+    calls.append(email)
+    return email
+
+
+@postjob_sa.workflow(name="out.type_error", max_attempts=2, registry=reg)
+def raises_type_error(x: int) -> None:
+    calls.append("type_error")
+    raise TypeError("a bug of the workflow's own")
+
+
+def test_a_run_whose_args_do_not_fit_the_workflow_fails_at_once(engine: Engine, session: Session) -> None:
+    """A job enqueued where the workflow's function was not known (by name, from another
+    process): retrying cannot make its args fit, so its first run fails it."""
+    calls.clear()
+    session.add(Job(workflow="out.welcome", args=["a", "b"]))
+    session.add(Job(workflow="out.welcome", args=[]))
+    session.add(Job(workflow="out.type_error", args=[1]))
+    session.commit()
+    _q(session).drain()
+    rows = {tuple(r[0]): r[1:] for r in session.execute(text(
+        "SELECT args, status::text, failed_attempts, error, error_message "
+        "FROM postjob.postjobs WHERE workflow = 'out.welcome'"))}
+    assert rows == {
+        ("a", "b"): ("failed", 1, "postjob_sa.errors.ArgumentMismatch",
+                     'the args ["a", "b"] do not fit workflow \'out.welcome\' (email): '
+                     "too many positional arguments"),
+        (): ("failed", 1, "postjob_sa.errors.ArgumentMismatch",
+             "the args [] do not fit workflow 'out.welcome' (email): "
+             "missing a required argument: 'email'"),
+    }
+    assert calls == ["type_error"]  # their functions never ran
+    # a TypeError the workflow raises itself is an error like any other: retried
+    status, attempts = session.execute(text(
+        "SELECT status::text, failed_attempts FROM postjob.postjobs "
+        "WHERE workflow = 'out.type_error'")).one()
+    assert (status, attempts) == ("err", 1)
