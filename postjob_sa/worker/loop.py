@@ -29,7 +29,6 @@ from postjob_sa.worker.idle import Idle
 from postjob_sa.worker.keeper import Keeper
 from postjob_sa.worker.options import WorkerOptions
 from postjob_sa.worker.outages import Outages
-from postjob_sa.worker.pooler import refuse_transaction_pooling
 from postjob_sa.worker.recorder import Recorder, job_fields
 from postjob_sa.worker.scheduler import Scheduler
 from postjob_sa.worker.signals import Abort, Stopper, WakeUp
@@ -130,8 +129,6 @@ class Worker:
         try:
             check_revision(read_revision(conn.scalar), read_oldest_served(conn.scalar))
             if not self.opts.until_idle:
-                if not self.opts.pooled:  # behind a pooler in transaction mode: refuse, say why
-                    refuse_transaction_pooling(conn, self.engine)
                 self.waker.attach(conn)
         except BaseException:
             conn.close()
