@@ -155,6 +155,11 @@ SCHEMA_OLDEST_SERVED_EXISTS = (
     "WHERE n.nspname = 'postjob' AND p.proname = 'oldest_served_code'"
 )
 SCHEMA_OLDEST_SERVED = "SELECT postjob.oldest_served_code()"
+#: How many jobs are unfinished: what dropping the schema would lose (the guard of a host's
+#: downgrade, postjob_sa.migrations). The one place that says which jobs those are.
+JOBS_UNFINISHED_COUNT = (
+    "SELECT count(*) FROM postjob.postjobs WHERE status IN ('ready','processing','sleep','err')"
+)
 
 # -- the Session-bound API -------------------------------------------------------------------
 

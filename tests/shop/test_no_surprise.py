@@ -1,20 +1,36 @@
 """No surprise in an app whose Alembic history owns the schema: ``postjob db status`` names
-the command that app runs (``alembic upgrade head``, ``heads`` on the branch way), and
-``postjob db revision`` with nothing to write is a success."""
+the command that app runs (``alembic upgrade head``, ``heads`` on the branch way), ``postjob
+db revision`` with nothing to write is a success, and the app's own ``alembic downgrade`` of
+the revision that installed our schema refuses to drop unfinished jobs unless told to."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from alembic import command
-from sqlalchemy import Engine
+from alembic.util import CommandError
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
 
+from postjob_sa import JobQueue
 from postjob_sa._migrations import head_revision
 from tests.cli.test_cli_db import postjob
-from tests.conftest import url_string
-from tests.shop.conftest import ADOPTION, FULFIL_JOB, UPGRADES, Shop, heads, installed
+from tests.conftest import end_by_hand, url_string
+from tests.shop.conftest import ADOPTION, FULFIL_JOB, UPGRADES, Shop, heads, installed, tables
 
 HEAD = head_revision()
+ALEMBIC = Path(sys.executable).with_name("alembic")
+REFUSED = (
+    "refusing to drop the postjob schema: {} unfinished job(s) (ready, processing, sleep or "
+    "err) would be dropped with it. Let them finish or cancel them (postjob job cancel ID), "
+    "or drop them too: downgrade with -x postjob_drop_unfinished=yes (alembic -x "
+    "postjob_drop_unfinished=yes downgrade ...), or with POSTJOB_DROP_UNFINISHED=yes in the "
+    "environment"
+)
 
 
 def _adopted_in_one_revision(shop: Shop) -> str:
@@ -81,3 +97,69 @@ def test_db_revision_with_nothing_to_write_succeeds(shop: Shop) -> None:
     res = postjob("db", "revision", "--to", "pj0001", "--alembic-ini", str(shop.ini))
     assert res.returncode == 0 and res.stdout.startswith("nothing to write: "), res.stderr
     assert sorted(shop.versions.iterdir()) == before
+
+
+def _alembic(shop: Shop, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The app's own `alembic` command line, in its directory."""
+    return subprocess.run([str(ALEMBIC), *args], cwd=shop.dir, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})}, check=False)
+
+
+def _jobs(engine: Engine, *, unfinished: int, finished: int = 1) -> None:
+    with Session(engine) as s:
+        queue = JobQueue(s)
+        for _ in range(finished):
+            end_by_hand(s, queue.enqueue("shop.fulfil", 1).id, "ok")
+        for _ in range(unfinished):
+            queue.enqueue("shop.fulfil", 2)
+        s.commit()
+
+
+def _count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM postjob.postjobs")).scalar_one())
+
+
+def test_the_apps_downgrade_refuses_to_drop_unfinished_jobs_unless_told(
+    shop: Shop, shop_db: Engine
+) -> None:
+    rev = _adopted_in_one_revision(shop)
+    assert _alembic(shop, "upgrade", "head").returncode == 0
+    _jobs(shop_db, unfinished=2)
+
+    res = _alembic(shop, "downgrade", "-1")
+    assert res.returncode != 0, (res.stdout, res.stderr)
+    # Alembic's command line prints it as one line, on stdout
+    assert res.stdout.strip().splitlines()[-1] == "FAILED: " + REFUSED.format(2), res.stdout
+    assert heads(shop_db) == (rev,) and installed(shop_db) == HEAD and _count(shop_db) == 3
+    with pytest.raises(CommandError, match=r"^refusing to drop the postjob schema: 2 unfinished"):
+        command.downgrade(shop.cfg(), "-1")  # what `flask db downgrade` and scripts call
+    with pytest.raises(CommandError, match="refusing"):
+        command.downgrade(shop.cfg("postjob_drop_unfinished=no"), "-1")
+    assert _count(shop_db) == 3
+
+    # told so: the -x argument
+    res = _alembic(shop, "-x", "postjob_drop_unfinished=yes", "downgrade", "-1")
+    assert res.returncode == 0, res.stderr
+    assert installed(shop_db) is None and "postjob" not in _schemas(shop_db)
+
+    # or the environment variable
+    assert _alembic(shop, "upgrade", "head").returncode == 0
+    _jobs(shop_db, unfinished=1)
+    res = _alembic(shop, "downgrade", "-1", env={"POSTJOB_DROP_UNFINISHED": "yes"})
+    assert res.returncode == 0, res.stderr
+    assert installed(shop_db) is None
+
+
+def test_the_apps_downgrade_drops_finished_jobs_as_before(shop: Shop, shop_db: Engine) -> None:
+    _adopted_in_one_revision(shop)
+    command.upgrade(shop.cfg(), "head")
+    _jobs(shop_db, unfinished=0, finished=2)
+    command.downgrade(shop.cfg(), "-1")
+    assert installed(shop_db) is None
+    assert tables(shop_db, "public") >= {"alembic_version", "customers", "orders"}
+
+
+def _schemas(engine: Engine) -> set[str]:
+    with engine.connect() as conn:
+        return {r[0] for r in conn.execute(text("SELECT nspname FROM pg_namespace"))}
