@@ -47,6 +47,27 @@ WORKER_CYCLE = (
     "%(limit)s::integer, %(lease)s::float8, %(reap)s::boolean, %(promote)s::boolean)"
 )
 
+#: The jobs a reap now would rescue: held under an expired lease whose worker is gone (as
+#: reap_v3 picks them), with who held them and when the lease ended (worker/rescues.py).
+JOBS_OF_GONE_WORKERS = (
+    "SELECT j.id, j.workflow, j.lease_token, j.failed_attempts, l.expires_at, "
+    "COALESCE(j.processing_client_identifier, j.processing_client) AS holder "
+    "FROM postjob.leases l CROSS JOIN LATERAL unnest(l.job_ids) AS h(id) "
+    "JOIN postjob.postjobs j ON j.id = h.id AND j.lease_token = l.token "
+    "WHERE l.expires_at <= statement_timestamp() AND NOT EXISTS ("
+    "SELECT 1 FROM postjob.workers w WHERE w.id = l.worker_id "
+    "AND w.expires_at > statement_timestamp()) ORDER BY j.id LIMIT 1000"
+)
+#: Of those, the ones a reap rescued: no longer under that lease, with the attempt it cost
+#: counted (the same statement may have checked a retried one out again already).
+JOBS_RESCUED = (
+    "SELECT j.id, j.status::text AS status, j.failed_attempts, j.max_attempts "
+    "FROM postjob.postjobs j JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[], "
+    "%(attempts)s::integer[]) AS h(id, token, attempts) ON j.id = h.id "
+    "WHERE j.lease_token IS DISTINCT FROM h.token AND j.failed_attempts > h.attempts "
+    "ORDER BY j.id"
+)
+
 #: Before an idle wait: reap now and then, make due what has come due, and the seconds until
 #: there may be work (0 or less: now; NULL: nothing in sight).
 WORKER_IDLE = (

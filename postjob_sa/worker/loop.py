@@ -24,6 +24,7 @@ from postjob_sa._db import Conn, close_quietly
 from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.registry import Registry
+from postjob_sa.worker import rescues
 from postjob_sa.worker.executor import Outcome, run_job, run_job_async
 from postjob_sa.worker.idle import Idle
 from postjob_sa.worker.keeper import Keeper
@@ -228,8 +229,10 @@ class Worker:
         checkout = {"workflows": names, "versions": versions,
                     "queues": self.opts.queues, "limit": limit, "reap": reap,
                     "promote": self.idle.promote_at_checkout()}
+        seen = rescues.look(self.conn) if reap else []
         rows = self.recorder.cycle(self.conn, self.recorder.take(), checkout,
                                    self.keeper.worker_id, self.opts.identifier)
+        rescues.report(self.conn, seen)
         self.idle.checked_out(bool(rows), reap)
         jobs = [RunningJob(*r[1:]) for r in rows]
         if jobs:

@@ -3,6 +3,7 @@ fencing of late writes, reset, force and reap."""
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 
@@ -375,3 +376,32 @@ def test_a_run_whose_args_do_not_fit_the_workflow_fails_at_once(engine: Engine, 
         "SELECT status::text, failed_attempts FROM postjob.postjobs "
         "WHERE workflow = 'out.type_error'")).one()
     assert (status, attempts) == ("err", 1)
+
+
+def test_a_worker_logs_each_job_it_rescues_from_a_dead_worker(
+    session: Session, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job, its workflow, the worker that held it and when that one's lease ended: a
+    rescue is an event an operator wants to see (a crash, a kill, a machine gone)."""
+    gone = _q(session, fast_mode=True, lease=0.05, identifier="host-a:4242")
+    retried, last = gone.enqueue(ok, 1), gone.enqueue(fatal)
+    session.execute(text("UPDATE postjob.postjobs SET max_attempts = 1 WHERE id = :i"),
+                    {"i": last.id})
+    session.commit()
+    held = gone.checkout(limit=2)  # and then its worker dies: nobody beats for the lease
+    expires = session.execute(text("SELECT min(expires_at) FROM postjob.leases")).scalar_one()
+    session.commit()
+    assert {j.id for j in held} == {retried.id, last.id}
+    time.sleep(0.1)
+    with caplog.at_level(logging.WARNING, logger="postjob_sa.worker"):
+        _q(session, fast_mode=True).drain()
+    lines = [r.getMessage() for r in caplog.records if "rescued" in r.getMessage()]
+    at = expires.astimezone().strftime("%H:%M:%S")
+    assert lines == [
+        f"job {retried.id} (out.ok) rescued from worker host-a:4242, whose lease expired at "
+        f"{at}: to be retried (attempt 2 of 5)",
+        f"job {last.id} (out.fatal) rescued from worker host-a:4242, whose lease expired at "
+        f"{at}: failed (no attempts left)",
+    ]
+    assert _job(session, retried.id).status is Status.ok  # the retry ran
+    assert _job(session, last.id).status is Status.failed
