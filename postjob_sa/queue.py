@@ -215,9 +215,7 @@ class JobQueue(JobOperations):
         name, wf = _workflow_name(workflow_or_name)
         args_json = _validate.args_json(args)
         opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
-        known = self._known(name, wf, version)
-        if known is not None:
-            known.check_args(args)
+        self.registry.check_args(wf or name, version, [args])  # where the function is here
         params = {
             "workflow": name, "args": args_json, "queue": opts["queue"],
             "max_attempts": opts["max_attempts"], "timeout": opts["timeout"],
@@ -255,16 +253,6 @@ class JobQueue(JobOperations):
         _metrics.enqueued(name, opts["queue"])
         return job
 
-    def _known(self, name: str, wf: Workflow[Any, Any] | None,
-               version: str | None) -> Workflow[Any, Any] | None:
-        """The workflow whose function this process has for the jobs being enqueued (the
-        one given, or the one registered under the name), to check their args against;
-        None when the function is not here (another version of it is asked for)."""
-        known = wf or self.registry.get(name)
-        if known is None or (version is not None and version != known.version):
-            return None
-        return known
-
     def _existing(self, params: dict[str, Any]) -> int | None:
         conn = self.session.connection()
         if params["unique_key"] is not None:
@@ -299,12 +287,7 @@ class JobQueue(JobOperations):
         if not count:
             return []
         opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
-        known = self._known(name, wf, version)
-        for number, each in enumerate(arg_lists if known is not None else (), 1):
-            assert known is not None
-            problem = known.args_problem(each)
-            if problem is not None:
-                raise InvalidArgument(f"args list {number}: {known.mismatch(each, problem)}")
+        self.registry.check_args(wf or name, version, arg_lists, numbered=True)
         rows = self.session.execute(
             _sql.JOB_ENQUEUE_MANY,
             {

@@ -74,12 +74,6 @@ class Workflow(Generic[P, R]):
             shown = shown[: MAX_SHOWN_ARGS - 3] + "..."
         return f"the args {shown} do not fit workflow {self.name!r} {self._signature}: {problem}"
 
-    def check_args(self, args: Sequence[Any]) -> None:
-        """InvalidArgument unless a job's ``args`` fit the function (see :meth:`args_problem`)."""
-        problem = self.args_problem(args)
-        if problem is not None:
-            raise InvalidArgument(self.mismatch(args, problem))
-
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
@@ -126,6 +120,20 @@ class Registry:
 
     def get(self, name: str) -> Workflow[Any, Any] | None:
         return self.workflows.get(name)
+
+    def check_args(self, workflow: Workflow[Any, Any] | str, version: str | None,
+                   arg_lists: Iterable[Sequence[Any]], *, numbered: bool = False) -> None:
+        """InvalidArgument unless each of ``arg_lists`` fits the function of ``workflow`` (a
+        workflow, or a name registered here) for jobs of ``version`` (None: the workflow's
+        own). Nothing is checked where this process does not have that function."""
+        known = workflow if isinstance(workflow, Workflow) else self.get(workflow)
+        if known is None or (version is not None and version != known.version):
+            return
+        for number, args in enumerate(arg_lists, 1):
+            problem = known.args_problem(args)
+            if problem is not None:
+                where = f"args list {number}: " if numbered else ""
+                raise InvalidArgument(where + known.mismatch(args, problem))
 
     def with_job_context(self, job_context: Callable[[], AbstractContextManager[Any]]) -> Registry:
         """These workflows, each run inside ``job_context()`` (a worker's copy)."""
