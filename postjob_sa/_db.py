@@ -145,7 +145,8 @@ class Conn:
             raw.add_notify_handler(self._on_notify)
 
     @classmethod
-    def open(cls, engine: Engine, *, name: str | None = None, pooled: bool = False) -> Conn:
+    def open(cls, engine: Engine, *, name: str | None = None, pooled: bool = False,
+             probe: bool = False) -> Conn:
         """A new connection of the worker's own, made by the engine's pool and detached.
 
         ``name`` shows in ``pg_stat_activity``. The worker's statements run at READ COMMITTED
@@ -154,7 +155,7 @@ class Conn:
         settings, so not ``pooled``: behind a pooler in transaction mode nothing may outlive a
         transaction (and psycopg 3 must not prepare statements on the server either); there a
         default other than READ COMMITTED is refused (:class:`InvalidArgument`, with what to
-        run)."""
+        run). A ``probe`` (is there a pooler?) runs no statement of its own."""
         driver = check_driver(engine)
         fairy = engine.raw_connection()
         fairy.detach()
@@ -168,7 +169,9 @@ class Conn:
         else:
             conn.may_prepare = True
         try:
-            if not pooled:
+            if probe:
+                pass
+            elif not pooled:
                 conn.scalar(_sql.WORKER_SESSION_SET, {"name": name})
             elif (level := conn.scalar(_sql.ISOLATION_LEVEL)) != "read committed":
                 raise InvalidArgument(

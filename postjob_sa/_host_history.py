@@ -86,11 +86,43 @@ class Written:
     to: str
 
 
-def _check_single_head_config(cfg: Config, script_dir: ScriptDirectory) -> None:
+@dataclass(frozen=True)
+class UpToDate:
+    """What ``write_revision`` found instead of something to write: the host's history
+    applies our schema up to ``before`` (in its revision ``where``) already."""
+
+    before: str
+    where: str | None
+    to: str
+
+
+@dataclass(frozen=True)
+class HostWay:
+    """How a host's Alembic history carries our schema: ``"branch"`` (our revisions in its
+    version_locations: ``alembic upgrade heads``), ``"single"`` (a revision of its own applies
+    it, up to ``applies``: ``alembic upgrade head``), or None (it does not)."""
+
+    way: str | None
+    applies: str | None = None
+
+
+def _branch_way(cfg: Config, script_dir: ScriptDirectory) -> bool:
     listed = VERSION_LOCATION in (cfg.get_main_option("version_locations") or "")
     ours = VERSIONS_DIR.resolve()
-    loaded = any(Path(s.path).resolve().parent == ours for s in script_dir.walk_revisions())
-    if listed or loaded:
+    return listed or any(Path(s.path).resolve().parent == ours for s in script_dir.walk_revisions())
+
+
+def host_way(cfg: Config) -> HostWay:
+    """How the history ``cfg`` configures carries our schema (reads its files, no database)."""
+    script_dir = ScriptDirectory.from_config(cfg)
+    if _branch_way(cfg, script_dir):
+        return HostWay("branch")
+    applies, _ = applied(script_dir, tuple(script_dir.get_heads()) or None)
+    return HostWay("single" if applies is not None else None, applies)
+
+
+def _check_single_head_config(cfg: Config, script_dir: ScriptDirectory) -> None:
+    if _branch_way(cfg, script_dir):
         raise InvalidArgument(
             f"{cfg.config_file_name} lists postjob_sa's revisions in version_locations (the "
             "branch way, upgraded with `alembic upgrade heads`): remove "
@@ -99,9 +131,10 @@ def _check_single_head_config(cfg: Config, script_dir: ScriptDirectory) -> None:
 
 
 def write_revision(cfg: Config, to: str | None = None, message: str | None = None,
-                   rev_id: str | None = None) -> Written:
+                   rev_id: str | None = None) -> Written | UpToDate:
     """Write the revision that brings our schema from what the host's history applies to
-    ``to`` (default: this package's newest revision)."""
+    ``to`` (default: this package's newest revision); :class:`UpToDate` when the history
+    applies ``to`` (or a newer revision) already: nothing to write."""
     script_dir = ScriptDirectory.from_config(cfg)
     try:
         _check_single_head_config(cfg, script_dir)
@@ -123,10 +156,7 @@ def write_revision(cfg: Config, to: str | None = None, message: str | None = Non
         )
     before, where = applied(script_dir, heads[0] if heads else None)
     if before is not None and _order(target) <= _order(before):
-        raise InvalidArgument(
-            f"your history already applies the postjob schema up to {before} (revision {where}): "
-            f"nothing to write for {target}"
-        )
+        return UpToDate(before, where, target)
     down = '"' + before + '"' if before else "None"
     script = script_dir.generate_revision(
         rev_id or new_rev_id(), message or f"postjob schema {target}", head="head",

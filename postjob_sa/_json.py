@@ -38,9 +38,18 @@ def _refuse(value: Any) -> Any:
             verb = "are" if what == "bytes" else "is"
             raise TypeError(f"{what} {verb} not JSON: {hint}")
     raise TypeError(
-        f"a {type(value).__name__} is not JSON (JSON has strings, numbers, booleans, "
-        "null, lists, and objects with string keys)"
+        f"{_article(type(value).__name__)} {type(value).__name__} is not JSON (JSON has "
+        "strings, numbers, booleans, null, lists, and objects with string keys)"
     )
+
+
+def _article(word: str) -> str:
+    """'an' before a vowel sound (an object, an ellipsis, an umbrella), else 'a' (a set, a
+    User, a unit)."""
+    lower = word.lower()
+    vowel = lower[:1] in ("a", "e", "i", "o") or (
+        lower[:1] == "u" and not re.match(r"u[^aeiou][aeiou]", lower))
+    return "an" if vowel else "a"
 
 
 # One strict encoder, reused (json.dumps with options builds a new one per call).

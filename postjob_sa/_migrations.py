@@ -154,6 +154,11 @@ def installed_revision(conn: Connection) -> str | None:
     return read_revision(lambda sql: conn.exec_driver_sql(sql).scalar())
 
 
+def unfinished_jobs(conn: Connection) -> int:
+    """How many jobs of the installed schema are unfinished (see JOBS_UNFINISHED_COUNT)."""
+    return int(conn.exec_driver_sql(_sql.JOBS_UNFINISHED_COUNT).scalar_one())
+
+
 def _standalone_heads(conn: Connection) -> tuple[str, ...]:
     _quiet_alembic()
     from alembic.runtime.migration import MigrationContext

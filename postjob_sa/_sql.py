@@ -52,6 +52,28 @@ WORKER_CYCLE = (
     "%(reap)s::boolean, %(promote)s::boolean) c"
 )
 
+#: The jobs a reap now would rescue: held under an expired lease whose worker is gone (as
+#: reap_v4 picks them), with who held them and when the lease ended (worker/rescues.py).
+JOBS_OF_GONE_WORKERS = (
+    "SELECT u.job_id AS id, u.workflow, u.lease_token, j.failed_attempts, "
+    "u.lease_expires_at AS expires_at, COALESCE(w.identifier, u.holder) AS holder "
+    "FROM postjob.unfinished u JOIN postjob.postjobs j ON j.id = u.job_id "
+    "LEFT JOIN postjob.workers w ON w.id = u.worker_id "
+    "WHERE u.lease_token IS NOT NULL AND u.status IN ('ready', 'err', 'sleep') "
+    "AND u.lease_expires_at <= statement_timestamp() AND NOT EXISTS ("
+    "SELECT 1 FROM postjob.workers x WHERE x.id = u.worker_id "
+    "AND x.expires_at > statement_timestamp()) ORDER BY u.lease_expires_at, u.job_id LIMIT 1000"
+)
+#: Of those, the ones a reap rescued: no longer under that lease, with the attempt it cost
+#: counted (the same statement may have checked a retried one out again already).
+JOBS_RESCUED = (
+    "SELECT j.id, j.status::text AS status, j.failed_attempts, j.max_attempts "
+    "FROM postjob.jobs j JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[], "
+    "%(attempts)s::integer[]) AS h(id, token, attempts) ON j.id = h.id "
+    "WHERE j.lease_token IS DISTINCT FROM h.token AND j.failed_attempts > h.attempts "
+    "ORDER BY j.id"
+)
+
 #: Outcomes only (a stopping worker's, or the keeper's flush while the loop is busy).
 WORKER_FINISH = (
     "SELECT kind, id FROM postjob.finish_v4("
@@ -161,6 +183,12 @@ EVENTS_PRUNE = text(
 JOB_TRACE_CONTEXT = (
     "SELECT trace_context FROM postjob.postjobs WHERE id = %(job_id)s::bigint"
 )
+#: A job's trace context, stored by a run (its first, when the job had none; or the run that
+#: is about to spawn, so that the children inherit its context: see postjob_sa._tracing).
+JOB_TRACE_CONTEXT_SET = (
+    "UPDATE postjob.postjobs SET trace_context = %(trace_context)s::jsonb "
+    "WHERE id = %(job_id)s::bigint"
+)
 
 # -- schema checks (the worker, the CLI and migrate) --------------------------------------------
 
@@ -174,6 +202,11 @@ SCHEMA_OLDEST_SERVED_EXISTS = (
     "WHERE n.nspname = 'postjob' AND p.proname = 'oldest_served_code'"
 )
 SCHEMA_OLDEST_SERVED = "SELECT postjob.oldest_served_code()"
+#: How many jobs are unfinished: what dropping the schema would lose (the guard of a host's
+#: downgrade, postjob_sa.migrations). The one place that says which jobs those are.
+JOBS_UNFINISHED_COUNT = (
+    "SELECT count(*) FROM postjob.postjobs WHERE status IN ('ready','processing','sleep','err')"
+)
 
 # -- the Session-bound API -------------------------------------------------------------------
 

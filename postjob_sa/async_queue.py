@@ -73,7 +73,7 @@ class AsyncJobQueue:
         identifier: str | None = None,
         concurrency: int = 1,
         worker_engine: Engine | None = None,
-        pooled: bool = False,
+        pooled: bool | None = None,
         wakeup_url: str | URL | None = None,
         poll_interval: float = 1.0,
         job_context: Callable[[], AbstractContextManager[Any]] | None = None,

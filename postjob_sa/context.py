@@ -201,6 +201,9 @@ class _RunContext:
     pending: dict[_ChildKey, _ChildSpec] = field(default_factory=dict)
     #: the run's memo of its job's steps (postjob_sa.durable), made by the first step
     memo: Any = None
+    #: the trace context to store on the job before the run's first spawn (JSON; see
+    #: postjob_sa._tracing), so that its children inherit this run's span
+    trace_for_children: str | None = None
 
     # -- whether the run still holds its job ---------------------------------------------------
 
@@ -283,11 +286,19 @@ class _RunContext:
         child of the job, in one round trip; LeaseLost when the run no longer holds the job.
         Without pending children nothing is done, unless ``load`` asks for the children."""
         if self.pending or (load and self._children is None):
+            if self.pending and self.trace_for_children is not None:
+                self.query(_sql.JOB_TRACE_CONTEXT_SET, self._trace_params())
             self._loaded(self.query(_sql.CHILDREN_SPAWN, self._spawn_params()))
 
     async def flush_children_async(self, *, load: bool = False) -> None:
         if self.pending or (load and self._children is None):
+            if self.pending and self.trace_for_children is not None:
+                await self.query_async(_sql.JOB_TRACE_CONTEXT_SET, self._trace_params())
             self._loaded(await self.query_async(_sql.CHILDREN_SPAWN, self._spawn_params()))
+
+    def _trace_params(self) -> dict[str, Any]:
+        context, self.trace_for_children = self.trace_for_children, None
+        return {"job_id": self.job.id, "trace_context": context}
 
     def child(self, key: _ChildKey) -> dict[str, Any]:
         self.flush_children(load=True)

@@ -67,6 +67,12 @@ class NonRecoverable(Exception):
     """Raise from a workflow to fail its job at once, without retries."""
 
 
+class ArgumentMismatch(NonRecoverable):
+    """A job's args do not fit its workflow's function (the job was enqueued where the
+    function was not known, e.g. by name from another process): its first run fails it,
+    since no retry can make them fit."""
+
+
 class ResultNotJSON(NonRecoverable):
     """A workflow returned a value that cannot be stored as JSON."""
 

@@ -19,12 +19,13 @@ ask: the start is what your history applied up to the revision the range starts 
 
 from __future__ import annotations
 
+import os
 import weakref
 
 from postjob_sa import _alembic_quiet  # noqa: F401  (first: Alembic imported quietly)
 
 # isort: split
-from alembic import op
+from alembic import context, op
 from alembic.runtime.migration import MigrationContext
 from alembic.util import CommandError
 
@@ -35,6 +36,7 @@ from postjob_sa._migrations import (
     installed_revision,
     revisions,
     scripts,
+    unfinished_jobs,
 )
 from postjob_sa.errors import InvalidArgument, PostjobError, SchemaError
 
@@ -78,7 +80,10 @@ def downgrade(to: str | None) -> None:
     job in it.
 
     Call it from the ``downgrade()`` of the revision that upgraded from ``to``. Raises
-    :class:`~postjob_sa.SchemaError` if the schema is already older than ``to``.
+    :class:`~postjob_sa.SchemaError` if the schema is already older than ``to``. Dropping the
+    schema while unfinished jobs are in it is refused (a ``CommandError``, which Alembic's
+    command line prints as one line) unless the downgrade is run with ``-x
+    postjob_drop_unfinished=yes`` or ``POSTJOB_DROP_UNFINISHED=yes`` in the environment.
     """
     target = -1 if to is None else _index(to, "downgrade")
     ctx = _context("downgrade")
@@ -86,9 +91,41 @@ def downgrade(to: str | None) -> None:
     if start < target:
         installed = "not installed" if start < 0 else f"at {revisions()[start]}"
         raise SchemaError(f"the postjob schema is {installed}, older than {to}: nothing to downgrade")
+    if target < 0 <= start and not ctx.as_sql:
+        _refuse_dropping_unfinished()
     for script in reversed(scripts()[target + 1 : start + 1]):
         script.module.downgrade()
     _OFFLINE[ctx] = to
+
+
+#: The -x argument and the environment variable that let a downgrade drop unfinished jobs.
+DROP_UNFINISHED_X = "postjob_drop_unfinished"
+DROP_UNFINISHED_ENV = "POSTJOB_DROP_UNFINISHED"
+_YES = ("yes", "true", "1")
+
+
+def _refuse_dropping_unfinished() -> None:
+    """Before the schema is dropped: a CommandError (nothing done; the migration's
+    transaction rolls back) while unfinished jobs are in it, unless told to drop them."""
+    count = unfinished_jobs(op.get_bind())
+    if not count or _told_to_drop():
+        return
+    raise CommandError(
+        f"refusing to drop the postjob schema: {count} unfinished job(s) (ready, processing, "
+        "sleep or err) would be dropped with it. Let them finish or cancel them (postjob job "
+        f"cancel ID), or drop them too: downgrade with -x {DROP_UNFINISHED_X}=yes (alembic -x "
+        f"{DROP_UNFINISHED_X}=yes downgrade ...), or with {DROP_UNFINISHED_ENV}=yes in the "
+        "environment"
+    )
+
+
+def _told_to_drop() -> bool:
+    try:
+        x = context.get_x_argument(as_dictionary=True).get(DROP_UNFINISHED_X)
+    except (NameError, AttributeError):  # run outside Alembic's command (no -x to read)
+        x = None
+    return any((value or "").strip().lower() in _YES
+               for value in (x, os.environ.get(DROP_UNFINISHED_ENV)))
 
 
 def _index(rev: str, what: str) -> int:

@@ -133,7 +133,8 @@ class Job(Base):
     #: true while the job is unfinished and has a unique_key: it holds the key
     unique_key_held: Mapped[bool] = mapped_column(Boolean, server_default=text("false"),
                                                   nullable=False)
-    #: the W3C trace context of the enqueue, when OpenTelemetry traced it (a child: its parent's)
+    #: the W3C trace context of the enqueue, when OpenTelemetry traced it, else of the job's
+    #: first run (a child: its spawning run's; see postjob_sa._tracing)
     trace_context: Mapped[dict[str, str] | None] = mapped_column(JSONB(none_as_null=True),
                                                                  default=_tracing.carrier)
     #: the inserting statement queued the job itself (postjob_sa's enqueue); else the trigger

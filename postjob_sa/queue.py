@@ -24,6 +24,7 @@ from postjob_sa._operations import JobOperations
 from postjob_sa.errors import InvalidArgument, InvalidJobState
 from postjob_sa.models import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MANUAL_WORKFLOW, Job, Status
 from postjob_sa.registry import Registry, Workflow, default_registry
+from postjob_sa.worker import pooler
 from postjob_sa.worker.executor import MAX_MESSAGE_CHARS, Outcome, error_name, outcome_params
 from postjob_sa.worker.loop import Worker
 from postjob_sa.worker.options import WorkerOptions
@@ -64,7 +65,9 @@ class JobQueue(JobOperations):
     (PgBouncer): the worker keeps nothing in its connections' sessions (no LISTEN, no
     server-side prepared statements, no session settings). It then LISTENs on a direct
     connection to ``wakeup_url`` if given, and otherwise looks at the queue every
-    ``poll_interval`` seconds (see docs/operations.md).
+    ``poll_interval`` seconds (see docs/operations.md). By default (None) the first worker
+    built on an engine finds out, and one warning says so when it finds a pooler;
+    ``pooled=False`` skips that check.
 
     ``session`` may be a ``scoped_session`` (Flask-SQLAlchemy's ``db.session``): each call
     joins the transaction of its current Session. ``job_context`` is entered around every run
@@ -82,7 +85,7 @@ class JobQueue(JobOperations):
         registry: Registry | None = None,
         identifier: str | None = None,
         concurrency: int = 1,
-        pooled: bool = False,
+        pooled: bool | None = None,
         wakeup_url: str | URL | None = None,
         poll_interval: float = 1.0,
         job_context: Callable[[], AbstractContextManager[Any]] | None = None,
@@ -114,7 +117,7 @@ class JobQueue(JobOperations):
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
             raise InvalidArgument(f"concurrency must be an integer from 1 to 1000, not {concurrency!r}")
         self.concurrency = concurrency
-        self.pooled = bool(pooled)
+        self.pooled = None if pooled is None else bool(pooled)
         self.wakeup_url = None if wakeup_url is None else wakeup_url_of(wakeup_url)
         self.poll_interval = _validate.seconds(poll_interval, "poll_interval") or 1.0
         self.registry = registry or default_registry
@@ -153,8 +156,10 @@ class JobQueue(JobOperations):
 
     def _worker_on(self, engine: Engine, **options: Any) -> Worker:
         check_driver(engine)
+        pooled = self.pooled if self.pooled is not None else pooler.pooled(
+            engine, self.wakeup_url, self.poll_interval)
         opts = WorkerOptions(lease=self.lease, fast_mode=self.fast_mode,
-                             identifier=self.identifier, pooled=self.pooled,
+                             identifier=self.identifier, pooled=pooled,
                              wakeup_url=self.wakeup_url, poll_interval=self.poll_interval,
                              **options)
         registry = self.registry
@@ -211,6 +216,7 @@ class JobQueue(JobOperations):
         name, wf = _workflow_name(workflow_or_name)
         args_json = _validate.args_json(args)
         opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
+        self.registry.check_args(wf or name, version, [args])  # where the function is here
         params = {
             "workflow": name, "args": args_json, "queue": opts["queue"],
             "max_attempts": opts["max_attempts"], "timeout": opts["timeout"],
@@ -280,10 +286,12 @@ class JobQueue(JobOperations):
         """Add one root job per args list in one statement; return their ids in order."""
         self._checked_engine()  # a driver of ours (InvalidArgument) before anything is written
         name, wf = _workflow_name(workflow_or_name)
+        arg_lists = list(arg_lists)
         encoded, count = _validate.args_json_many(arg_lists)
         if not count:
             return []
         opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
+        self.registry.check_args(wf or name, version, arg_lists, numbered=True)
         rows = self.session.execute(
             _sql.JOB_ENQUEUE_MANY,
             {

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,11 +48,31 @@ class Workflow(Generic[P, R]):
     def __post_init__(self) -> None:
         functools.update_wrapper(self, self.fn)
         self._is_async = inspect.iscoroutinefunction(self.fn)
+        self._signature = _job_signature(self.fn, self.transactional)
 
     @property
     def is_async(self) -> bool:
         """Whether the workflow is an ``async def`` (it runs on the worker's event loop)."""
         return self._is_async
+
+    def args_problem(self, args: Sequence[Any]) -> str | None:
+        """Why a job's ``args`` cannot be passed to the function (positionally, after the
+        worker's Session for a transactional one); None when they can, or when the function
+        has no signature to read."""
+        if self._signature is None:
+            return None
+        try:
+            self._signature.bind(*args)
+        except TypeError as exc:
+            return str(exc)
+        return None
+
+    def mismatch(self, args: Sequence[Any], problem: str) -> str:
+        """The one line that says a job's ``args`` do not fit (``problem``: args_problem's)."""
+        shown = json.dumps(list(args), ensure_ascii=False, default=repr)
+        if len(shown) > MAX_SHOWN_ARGS:
+            shown = shown[: MAX_SHOWN_ARGS - 3] + "..."
+        return f"the args {shown} do not fit workflow {self.name!r} {self._signature}: {problem}"
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
@@ -100,6 +121,20 @@ class Registry:
     def get(self, name: str) -> Workflow[Any, Any] | None:
         return self.workflows.get(name)
 
+    def check_args(self, workflow: Workflow[Any, Any] | str, version: str | None,
+                   arg_lists: Iterable[Sequence[Any]], *, numbered: bool = False) -> None:
+        """InvalidArgument unless each of ``arg_lists`` fits the function of ``workflow`` (a
+        workflow, or a name registered here) for jobs of ``version`` (None: the workflow's
+        own). Nothing is checked where this process does not have that function."""
+        known = workflow if isinstance(workflow, Workflow) else self.get(workflow)
+        if known is None or (version is not None and version != known.version):
+            return
+        for number, args in enumerate(arg_lists, 1):
+            problem = known.args_problem(args)
+            if problem is not None:
+                where = f"args list {number}: " if numbered else ""
+                raise InvalidArgument(where + known.mismatch(args, problem))
+
     def with_job_context(self, job_context: Callable[[], AbstractContextManager[Any]]) -> Registry:
         """These workflows, each run inside ``job_context()`` (a worker's copy)."""
         return Registry({name: dataclasses.replace(wf, job_context=job_context)
@@ -123,6 +158,23 @@ class Registry:
             out_names.append(wf.name)
             out_versions.append(wf.version)
         return out_names, out_versions
+
+
+#: How much of a job's args a mismatch message shows.
+MAX_SHOWN_ARGS = 200
+
+
+def _job_signature(fn: Callable[..., Any], transactional: bool) -> inspect.Signature | None:
+    """The parameters a job's args are bound to, without annotations (shown in messages as
+    ``(email, plan='free')``); a transactional workflow's first one, the worker's Session,
+    left out. None when the function has no signature to read (a builtin)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if transactional and params and params[0].kind is not inspect.Parameter.VAR_POSITIONAL:
+        params = params[1:]
+    return inspect.Signature([p.replace(annotation=inspect.Parameter.empty) for p in params])
 
 
 def _where(fn: Callable[..., Any]) -> str:

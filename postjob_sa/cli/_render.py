@@ -32,6 +32,8 @@ PS_COLUMNS = (
     "id", "workflow", "status", "attempts", "result", "next_run_in", "age", "processing",
     "worker", "tags",
 )
+#: The headers of the columns that are not named as they are shown.
+HEADERS = {"attempts": "failed/max"}  # failed attempts of the most the job has
 #: Columns left out of a table where every row has them empty.
 _OPTIONAL = frozenset({"result", "next_run_in", "processing", "worker", "tags"})
 
@@ -160,12 +162,12 @@ def ps_table(rows: list[dict[str, Any]], *, width: int, full_id: bool = False,
     goes to the others); the workflow column keeps the end of a long name."""
     all_fields = [ps_fields(row, full_id=full_id, served=served) for row in rows]
     columns = [c for c in PS_COLUMNS if c not in _OPTIONAL or any(f[c] for f in all_fields)]
-    natural = {n: max([len(n), *(len(f[n]) for f in all_fields)]) for n in columns}
+    natural = {n: max([len(HEADERS.get(n, n)), *(len(f[n]) for f in all_fields)]) for n in columns}
     widths = _fit(natural, width)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
     for name in columns:
         table.add_column(
-            name, no_wrap=True, overflow="ellipsis", width=widths[name],
+            HEADERS.get(name, name), no_wrap=True, overflow="ellipsis", width=widths[name],
             min_width=widths[name] if name in ("id", "workflow", "status") else None,
             justify="right" if name in ("id", "attempts", "next_run_in", "age") else "left",
         )
@@ -265,7 +267,8 @@ def tree_table(tree: list[dict[str, Any]], served: Served | None = None) -> Tabl
     base = len(str(tree[0]["full_id"]).split("."))
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
     for name in ("job", "status", "attempts", "result", "age"):
-        table.add_column(name, no_wrap=name != "result", overflow="fold" if name == "result" else "ellipsis",
+        table.add_column(HEADERS.get(name, name), no_wrap=name != "result",
+                         overflow="fold" if name == "result" else "ellipsis",
                          justify="right" if name in ("attempts", "age") else "left")
     for row in tree:
         depth = len(str(row["full_id"]).split(".")) - base

@@ -11,11 +11,14 @@ from sqlalchemy import text
 # Every statement is one literal: nothing is composed with f-strings, % or .format() (a test
 # parses the package to hold that). ROOT_JOBS_LIST and JOB_SUBTREES share their column list
 # (what ``ps`` shows of a job, plus the database's clock: ages are measured on the server)
-# and their filters; keep the two in step.
+# and their filters; keep the two in step. A sleeping job that an event woke is due: the
+# view's next_run_at is its row's run_at, since when (the record's still holds the wait's
+# timeout).
 
 ROOT_JOBS_LIST = text(
     "SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
-    "j.workflow, j.workflow_version, j.args, j.status::text AS status, j.next_run_at, "
+    "j.workflow, j.workflow_version, j.args, j.status::text AS status, "
+    "j.next_run_at, "
     "j.timing_out_at, j.failed_attempts, j.max_attempts, j.results, j.error, j.error_message, "
     "j.workflow_status, j.tags, j.processing_client, j.processing_client_identifier, "
     "j.processing_started_at, j.processing_max_duration, j.lease_expires_at, now() AS db_now "
@@ -28,7 +31,8 @@ ROOT_JOBS_LIST = text(
 #: The subtrees under the given jobs (each job and its descendants), filtered.
 JOB_SUBTREES = text(
     "SELECT DISTINCT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
-    "j.workflow, j.workflow_version, j.args, j.status::text AS status, j.next_run_at, "
+    "j.workflow, j.workflow_version, j.args, j.status::text AS status, "
+    "j.next_run_at, "
     "j.timing_out_at, j.failed_attempts, j.max_attempts, j.results, j.error, j.error_message, "
     "j.workflow_status, j.tags, j.processing_client, j.processing_client_identifier, "
     "j.processing_started_at, j.processing_max_duration, j.lease_expires_at, now() AS db_now "

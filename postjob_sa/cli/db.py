@@ -16,7 +16,7 @@ from postjob_sa import _alembic_quiet  # noqa: F401  (first: Alembic imported qu
 from alembic.config import Config
 
 from postjob_sa._db import DRIVER_LABELS
-from postjob_sa._host_history import write_revision
+from postjob_sa._host_history import HostWay, UpToDate, host_way, write_revision
 from postjob_sa._migrations import (
     check_revision,
     head_revision,
@@ -60,24 +60,60 @@ def db_migrate(app: App) -> None:
 
 
 MANAGERS = {"postjob": "by postjob db migrate", "alembic": "by your app's Alembic migrations"}
-UPGRADE_HINTS = {"postjob": "postjob db migrate",
-                 "alembic": "postjob db revision, then alembic upgrade head"}
+#: What brings a missing or older schema up, by who manages it (None: nobody yet).
+UPGRADE_HINTS = {
+    "postjob": "postjob db migrate",
+    "alembic": "postjob db revision, then alembic upgrade head",
+    None: "postjob db migrate, or in an app whose Alembic migrations install it: "
+          "postjob db revision, then alembic upgrade head",
+}
+
+
+def _upgrade_hint(manager: str | None, host: HostWay | None, head: str) -> str:
+    """The command that brings the schema up: the app's own upgrade where its Alembic history
+    carries our schema (``host``: read from its alembic.ini), else by who manages it."""
+    if host is not None and host.way == "branch":
+        return "alembic upgrade heads"
+    if host is not None and host.way == "single":
+        return ("alembic upgrade head" if host.applies == head
+                else "postjob db revision, then alembic upgrade head")
+    return UPGRADE_HINTS[manager]
+
+
+def _host(alembic_ini: str | None) -> HostWay | None:
+    """How the app's Alembic history (``--alembic-ini``, else ./alembic.ini if there is one)
+    carries our schema; None without one (or, unasked, one that cannot be read)."""
+    ini = Path(alembic_ini or "alembic.ini")
+    if alembic_ini is None and not ini.is_file():
+        return None
+    try:
+        return host_way(_host_config(ini, None))
+    except Exception:
+        if alembic_ini is not None:
+            raise
+        return None
 
 
 @db.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@click.option("--alembic-ini", metavar="PATH",
+              help="Your app's Alembic configuration, to name the command that upgrades the "
+              "schema where its history carries it. [default: alembic.ini, if there is one]")
 @click.pass_obj
-def db_status(app: App, as_json: bool) -> None:
-    """Show the installed revision next to the newest one this code has, and what manages it."""
+def db_status(app: App, as_json: bool, alembic_ini: str | None) -> None:
+    """Show the installed revision next to the newest one this code has, what manages it,
+    and what to run when it is missing or behind."""
+    host = _host(alembic_ini)
     with app.engine.connect() as conn:
         installed, manager = installed_revision(conn), schema_manager(conn)
         oldest_served = read_oldest_served(lambda sql: conn.exec_driver_sql(sql).scalar())
     head = head_revision()
     state = _state(installed, oldest_served, head)
     driver = str(app.engine.dialect.driver)
+    run = None if state in STATE_HINTS else _upgrade_hint(manager, host, head)
     if as_json:
         print_json({"database": app.display_url(), "driver": driver, "installed": installed,
-                    "head": head, "state": state, "managed_by": manager})
+                    "head": head, "state": state, "managed_by": manager, "run": run})
         return
     click.echo(f"database:  {app.display_url()} ({app.source})")
     click.echo(f"driver:    {DRIVER_LABELS[driver]}")
@@ -85,7 +121,7 @@ def db_status(app: App, as_json: bool) -> None:
     click.echo(f"head:      {head}")
     if manager is not None:
         click.echo(f"managed:   {MANAGERS[manager]}")
-    hint = STATE_HINTS.get(state, f"  (run: {UPGRADE_HINTS[manager or 'postjob']})")
+    hint = STATE_HINTS[state] if run is None else f"  (run: {run})"
     click.echo(f"state:     {state}{hint}")
 
 
@@ -142,6 +178,26 @@ def db_revision(alembic_ini: str | None, directory: str | None, to: str | None,
     schema (the single-head way: `alembic upgrade head`, or `flask db upgrade`, then applies
     it). Needs no database."""
     ini = Path(alembic_ini) if alembic_ini else Path(directory or ".") / "alembic.ini"
+    written = write_revision(_host_config(ini, directory), to=to, message=message, rev_id=rev_id)
+    if isinstance(written, UpToDate):  # success: it runs again and again in CI and Makefiles
+        click.echo(
+            f"nothing to write: your history already applies the postjob schema up to "
+            f"{written.before} (revision {written.where}); apply it with `alembic upgrade head`")
+        return
+    try:
+        shown = os.path.relpath(written.path)
+    except ValueError:  # another drive (Windows)
+        shown = str(written.path)
+    click.echo(
+        f"wrote {shown}: postjob schema {written.before or 'nothing'} -> {written.to}, "
+        f"after your revision {written.down_revision or '(none: it starts your history)'}; "
+        "apply it with `alembic upgrade head`"
+    )
+
+
+def _host_config(ini: Path, directory: str | None) -> Config:
+    """The Alembic configuration of the app at ``ini`` (its migrations in ``directory``, when
+    the configuration does not name them)."""
     if not ini.is_file():
         raise InvalidArgument(f"no Alembic configuration at {ini} (name yours with --alembic-ini)")
     cfg = Config(str(ini), cmd_opts=Namespace(quiet=True))  # we say what we wrote
@@ -152,16 +208,7 @@ def db_revision(alembic_ini: str | None, directory: str | None, to: str | None,
     elif cfg.get_main_option("script_location") is None:
         # Flask-Migrate sets it in code, to the folder that holds this alembic.ini
         cfg.set_main_option("script_location", str(ini.resolve().parent))
-    written = write_revision(cfg, to=to, message=message, rev_id=rev_id)
-    try:
-        shown = os.path.relpath(written.path)
-    except ValueError:  # another drive (Windows)
-        shown = str(written.path)
-    click.echo(
-        f"wrote {shown}: postjob schema {written.before or 'nothing'} -> {written.to}, "
-        f"after your revision {written.down_revision or '(none: it starts your history)'}; "
-        "apply it with `alembic upgrade head`"
-    )
+    return cfg
 
 
 def _role_name(role: str) -> str:

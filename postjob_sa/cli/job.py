@@ -14,6 +14,7 @@ from postjob_sa.errors import InvalidArgument
 from postjob_sa.models import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from postjob_sa.queue import JobQueue
 from postjob_sa.registry import Workflow, default_registry
+from postjob_sa.worker.unknown import MAX_NAMES, Served, served
 
 from . import _parse, _query
 from ._env import App
@@ -101,8 +102,22 @@ def job_enqueue(
         )
         session.commit()
         click.echo(new.id)
+        live = served(session.connection()) if not modules else None
+    if live is not None and workflow not in live.workflows:
+        _note_unknown(workflow, live)
     if not modules:
         _note_defaults(workflow, queue, max_attempts, seconds)
+
+
+def _note_unknown(workflow: str, live: Served) -> None:
+    """Say that no running worker knows the workflow: a typo would wait for ever."""
+    names = sorted(live.workflows)
+    known = (f"running workers know {', '.join(names[:MAX_NAMES]) or 'none'}"
+             + (f" and {len(names) - MAX_NAMES} more" if len(names) > MAX_NAMES else "")
+             if live.workers else "no worker is running")
+    click.echo(f"postjob: note: no running worker knows a workflow named {workflow!r} "
+               f"({known}): check the name; the job waits until a worker that imports it "
+               "starts (postjob run --import MODULE)", err=True)
 
 
 def _note_defaults(workflow: str, queue: str | None, max_attempts: int | None,

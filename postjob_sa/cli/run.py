@@ -14,6 +14,7 @@ import click
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.queue import DEFAULT_LEASE, JobQueue
 from postjob_sa.registry import default_registry
+from postjob_sa.worker import pooler
 from postjob_sa.worker.wakeup import relay_from_environment
 
 from . import _parse
@@ -50,7 +51,7 @@ def _child_argv(app: App, verbose: int, count: int | None, queues: tuple[str, ..
     argv = [sys.executable, "-m", "postjob_sa.cli"]
     argv += ["-" + "v" * verbose] if verbose else []
     argv += ["run", "--lease", repr(lease), "--batch", str(batch), "--log-format", log_format]
-    argv += ["--pooled"] if pooled else []
+    argv += ["--pooled"] if pooled else ["--no-pooled"]
     argv += ["--jobs-per-process", str(jobs_per_process)]
     argv += ["--count", str(count)] if count is not None else []
     for q in queues:
@@ -82,9 +83,9 @@ def _child_argv(app: App, verbose: int, count: int | None, queues: tuple[str, ..
 @click.option("--jobs-per-process", type=int, default=1, show_default=True, metavar="N",
               help="Jobs each process runs at once: sync workflows in threads, async ones as "
               "tasks on one event loop.")
-@click.option("--pooled", is_flag=True,
-              help="The database URL is a pooler in transaction mode (PgBouncer): keep no session "
-              "state on its connections.")
+@click.option("--pooled/--no-pooled", default=None,
+              help="The database URL is (or is not) a pooler in transaction mode (PgBouncer): "
+              "keep no session state on its connections. [default: found out at start]")
 @click.option("--wakeup-url", metavar="URL",
               help="A direct URL to LISTEN on for new jobs (default: the database URL, unless "
               "--pooled).")
@@ -99,7 +100,7 @@ def _child_argv(app: App, verbose: int, count: int | None, queues: tuple[str, ..
 @click.pass_obj
 def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str, ...],
         app_spec: str | None, lease: str, batch: int, processes: int | None, old_processes: int | None,
-        jobs_per_process: int, pooled: bool, wakeup_url: str | None, poll_interval: str,
+        jobs_per_process: int, pooled: bool | None, wakeup_url: str | None, poll_interval: str,
         metrics_port: int | None, log_format: str, fast: bool, verbose: int) -> None:
     """Run a worker: check out jobs of the imported workflows until Ctrl-C/SIGTERM
     (running jobs finish first; a second signal stops at once and hands them back)."""
@@ -133,6 +134,8 @@ def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str
                          concurrency=jobs_per_process, pooled=pooled, wakeup_url=wakeup_url,
                          poll_interval=poll_seconds, job_context=job_context)
         if concurrency > 1:
+            if pooled is None:  # found out once, here: the workers are told
+                pooled = pooler.pooled(app.engine, queue.wakeup_url, poll_seconds)
             log.info("supervisor pid %d: starting %d workers (%s)", os.getpid(), concurrency,
                      app.display_url())
             argv = _child_argv(app, verbose, count, queues, modules, lease_seconds, batch, fast,

@@ -18,7 +18,13 @@ from typing import Any
 
 from postjob_sa import _backoff, _json, _sql, _tracing
 from postjob_sa.context import Pending, _RunContext, enter, leave
-from postjob_sa.errors import JobCancelled, LeaseLost, NonRecoverable, ResultNotJSON
+from postjob_sa.errors import (
+    ArgumentMismatch,
+    JobCancelled,
+    LeaseLost,
+    NonRecoverable,
+    ResultNotJSON,
+)
 from postjob_sa.registry import Workflow
 from postjob_sa.worker.signals import Abort
 
@@ -171,7 +177,7 @@ def _error_outcome(ctx: _RunContext, wf: Workflow[Any, Any], kind: str, exc: Bas
 def run_job(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
     """Call a (sync) workflow with the job's args inside the job context. Never raises but
     :class:`Abort`: an interruption comes back as an outcome that carries it."""
-    span = _span(ctx, _trace_context(ctx)) if _tracing.enabled() else None
+    span = _traced(ctx) if _tracing.enabled() else None
     token = enter(ctx)
     started = time.monotonic()
     try:
@@ -197,7 +203,7 @@ async def run_job_async(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
     """Await an ``async def`` workflow inside the job context (a task of its own, so the
     context is the task's); the same outcomes as :func:`run_job`. A cancelled task hands its
     job back (an outcome of kind ``release`` that carries the CancelledError)."""
-    span = _span(ctx, await _trace_context_async(ctx)) if _tracing.enabled() else None
+    span = await _traced_async(ctx) if _tracing.enabled() else None
     token = enter(ctx)
     started = time.monotonic()
     try:
@@ -223,28 +229,54 @@ async def run_job_async(ctx: _RunContext, wf: Workflow[Any, Any]) -> Outcome:
 
 # -- tracing (only with a tracer provider set: see postjob_sa._tracing) -----------------------
 
-def _trace_context(ctx: _RunContext) -> Any:
+def _traced(ctx: _RunContext) -> _tracing.RunSpan:
+    """The run's span, in the trace its job's stored context names (a trace of its own when
+    it has none yet: then stored, for its re-runs and children to join)."""
     try:
-        rows = ctx.query(_sql.JOB_TRACE_CONTEXT, {"job_id": ctx.job.id})
-    except Exception as exc:  # the run goes on untraced by its enqueue
+        rows: list[dict[str, Any]] | None = ctx.query(_sql.JOB_TRACE_CONTEXT, {"job_id": ctx.job.id})
+    except Exception as exc:  # the run goes on in a trace of its own
         log.debug("job %s: its trace context could not be read: %s", ctx.job.id, exc)
-        return None
-    return rows[0]["trace_context"] if rows else None
+        rows = None
+    span = _span(ctx, rows)
+    if span.store is not None:
+        try:
+            ctx.query(_sql.JOB_TRACE_CONTEXT_SET, _stored(ctx, span.store))
+        except Exception as exc:  # its later runs begin traces of their own
+            log.debug("job %s: its trace context could not be stored: %s", ctx.job.id, exc)
+    return span.__enter__()
 
 
-async def _trace_context_async(ctx: _RunContext) -> Any:
+async def _traced_async(ctx: _RunContext) -> _tracing.RunSpan:
     try:
-        rows = await ctx.query_async(_sql.JOB_TRACE_CONTEXT, {"job_id": ctx.job.id})
+        rows: list[dict[str, Any]] | None = await ctx.query_async(
+            _sql.JOB_TRACE_CONTEXT, {"job_id": ctx.job.id})
     except Exception as exc:
         log.debug("job %s: its trace context could not be read: %s", ctx.job.id, exc)
-        return None
-    return rows[0]["trace_context"] if rows else None
+        rows = None
+    span = _span(ctx, rows)
+    if span.store is not None:
+        try:
+            await ctx.query_async(_sql.JOB_TRACE_CONTEXT_SET, _stored(ctx, span.store))
+        except Exception as exc:
+            log.debug("job %s: its trace context could not be stored: %s", ctx.job.id, exc)
+    return span.__enter__()
 
 
-def _span(ctx: _RunContext, stored: Any) -> _tracing.RunSpan:
+def _span(ctx: _RunContext, rows: list[dict[str, Any]] | None) -> _tracing.RunSpan:
+    """The run's span from the rows of JOB_TRACE_CONTEXT (None: they could not be read, so
+    nothing is stored either)."""
     job = ctx.job
-    return _tracing.RunSpan(stored, workflow=job.workflow, job_id=job.id, attempt=job.attempt,
-                            queue=job.queue, root_id=job.root_id).__enter__()
+    span = _tracing.RunSpan(rows[0]["trace_context"] if rows else None, workflow=job.workflow,
+                            job_id=job.id, attempt=job.attempt, queue=job.queue,
+                            root_id=job.root_id)
+    if not rows:
+        span.store = span.for_children = None
+    ctx.trace_for_children = span.for_children  # stored before the run's first spawn
+    return span
+
+
+def _stored(ctx: _RunContext, context: str) -> dict[str, Any]:
+    return {"job_id": ctx.job.id, "trace_context": context}
 
 
 def _ended(span: _tracing.RunSpan | None, outcome: Outcome) -> Outcome:
@@ -300,6 +332,11 @@ def _from_error(ctx: _RunContext, wf: Workflow[Any, Any], exc: BaseException,
             return _error_outcome(ctx, wf, "err", flush_error)
         return Outcome(job.id, job.lease_token, "sleep", version=wf.version, awaiting=exc.child_id,
                        wake_in=exc.wake_in)
+    if isinstance(exc, TypeError):
+        problem = wf.args_problem(job.args)
+        if problem is not None:  # the call itself failed: no retry can make the args fit
+            mismatch = ArgumentMismatch(wf.mismatch(job.args, problem))
+            return _error_outcome(ctx, wf, "failed", mismatch.with_traceback(exc.__traceback__))
     if isinstance(exc, NonRecoverable):
         return _error_outcome(ctx, wf, "failed", exc)
     if isinstance(exc, Exception):

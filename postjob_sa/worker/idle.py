@@ -13,6 +13,7 @@ from typing import Any
 
 from postjob_sa import _sql
 from postjob_sa._db import Conn
+from postjob_sa.worker import rescues
 from postjob_sa.worker.keeper import Keeper
 from postjob_sa.worker.scheduler import Scheduler
 from postjob_sa.worker.signals import Stopper, WakeUp
@@ -80,7 +81,9 @@ class Idle:
 
     def reap(self, conn: Conn) -> None:
         """Reap now (a draining worker does, once, before it calls the queue empty)."""
+        seen = rescues.look(conn)
         conn.scalar(_sql.WORKER_IDLE, self._params(True))
+        rescues.report(conn, seen)
         self._last_reap = time.monotonic()
         self.reaped = True
 
@@ -91,8 +94,10 @@ class Idle:
         reap = now - self._last_reap >= REAP_INTERVAL
         if reap:
             self._last_reap = now
+        seen = rescues.look(conn) if reap else []
         self.waker.idle()  # first: a job that commits after the next statement wakes us
         ttnj = conn.scalar(_sql.WORKER_IDLE, self._params(reap))
+        rescues.report(conn, seen)
         if ttnj is not None and ttnj <= 0 and can_take:
             # due now, yet the checkout found nothing to take: its row is locked by another
             # transaction (or it just became due); look again, less and less often

@@ -24,12 +24,12 @@ from postjob_sa._db import Conn, close_quietly
 from postjob_sa._migrations import check_revision, head_revision, read_oldest_served, read_revision
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.registry import Registry
+from postjob_sa.worker import rescues
 from postjob_sa.worker.executor import Outcome, run_job, run_job_async
 from postjob_sa.worker.idle import Idle
 from postjob_sa.worker.keeper import Keeper
 from postjob_sa.worker.options import WorkerOptions
 from postjob_sa.worker.outages import Outages
-from postjob_sa.worker.pooler import refuse_transaction_pooling
 from postjob_sa.worker.recorder import Recorder, job_fields
 from postjob_sa.worker.scheduler import Scheduler
 from postjob_sa.worker.signals import Abort, Stopper, WakeUp
@@ -131,8 +131,6 @@ class Worker:
         try:
             check_revision(read_revision(conn.scalar), read_oldest_served(conn.scalar))
             if not self.opts.until_idle:
-                if not self.opts.pooled:  # behind a pooler in transaction mode: refuse, say why
-                    refuse_transaction_pooling(conn, self.engine)
                 self.waker.attach(conn)
         except BaseException:
             conn.close()
@@ -235,8 +233,10 @@ class Worker:
         checkout = {"workflows": names, "versions": versions,
                     "queues": self.opts.queues, "limit": limit, "reap": reap,
                     "promote": self.idle.promote_at_checkout()}
+        seen = rescues.look(self.conn) if reap else []
         jobs = self.recorder.cycle(self.conn, self.recorder.take(), checkout,
                                    self.keeper.worker_id)
+        rescues.report(self.conn, seen)
         self.idle.checked_out(bool(jobs), reap)
         if jobs:
             token = jobs[0].lease_token  # one checkout, one lease

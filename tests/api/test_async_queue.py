@@ -236,3 +236,20 @@ def test_a_second_cancel_hands_the_running_job_back_and_nothing_keeps_running(
             "SELECT status::text, failed_attempts FROM postjob.jobs")).one()
     assert (status, attempts) == ("ready", 0)  # handed back, no attempt counted
     assert _count(orders, "SELECT count(*) FROM postjob.workers") == 0
+
+
+def test_args_that_do_not_fit_the_workflow_are_refused_and_the_session_stays_usable(
+    db_url: URL, orders: Engine
+) -> None:
+    async def body(engine: AsyncEngine) -> None:
+        async with AsyncSession(engine) as s:
+            q = AsyncJobQueue(s, registry=reg)
+            await q.enqueue(double, 1)
+            with pytest.raises(InvalidArgument, match="too many positional arguments"):
+                await q.enqueue(double, 1, 2)
+            with pytest.raises(InvalidArgument, match="missing a required argument"):
+                await q.enqueue_many("aq.double", [[1], []])
+            await s.commit()
+
+    _run(db_url, body)
+    assert _count(orders, "SELECT count(*) FROM postjob.postjobs") == 1

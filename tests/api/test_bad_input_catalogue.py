@@ -171,6 +171,9 @@ def _cases(q: JobQueue, engine: Engine, tmp: Path) -> dict[str, list[Callable[[]
             lambda: _workflow_result(engine)],
         "a `resolve` result that is not JSON": [lambda: q.resolve(token, NotJSON())],
         "an unknown workflow": [lambda: unknown.warning_text([("__main__.ping", 3)])],
+        "args that do not fit the workflow's function, where this process has it (a "
+        "workflow, or the name of one registered here)": [
+            lambda: q.enqueue(stored), lambda: q.enqueue("catalogue.stored", 1, 2)],
         "a function that is not a workflow, passed to `enqueue`": [
             lambda: q.enqueue(_send_in("app"), 1)],  # type: ignore[arg-type]
         "`enqueue(\"__manual__\")`": [lambda: q.enqueue("__manual__")],

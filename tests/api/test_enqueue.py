@@ -162,3 +162,54 @@ def test_bad_workflow_names(queue: JobQueue) -> None:
 def test_manual_workflow_name_is_reserved() -> None:
     with pytest.raises(InvalidArgument):
         postjob_sa.workflow(name="__manual__")(lambda: None)
+
+
+@postjob_sa.workflow(name="enq.welcome")
+def send_welcome_email(email: str) -> str:
+    return email
+
+
+@postjob_sa.workflow(name="enq.tx", transactional=True)
+def record_order(session: Session, order_id: int, note: str = "") -> int:
+    return order_id
+
+
+@postjob_sa.workflow(name="enq.any")
+def anything(first: int, *rest: int) -> int:
+    return first
+
+
+@pytest.mark.parametrize("target", [send_welcome_email, "enq.welcome"],
+                         ids=["workflow", "registered name"])
+def test_args_that_do_not_fit_the_workflow_are_refused_before_anything_is_written(
+    engine: Engine, session: Session, queue: JobQueue, target: object
+) -> None:
+    """enqueue(send_welcome_email, "a", "b") for def send_welcome_email(email): each run
+    would fail with a TypeError, retried every allowed attempt."""
+    queue.enqueue(add, 0, 0)  # the caller's own pending work
+    with pytest.raises(InvalidArgument, match=r'^the args \["a", "b"\] do not fit workflow '
+                       r"'enq.welcome' \(email\): too many positional arguments$"):
+        queue.enqueue(target, "a", "b")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="missing a required argument: 'email'"):
+        queue.enqueue(target)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=r"^args list 2: .* too many positional"):
+        queue.enqueue_many(target, [["a"], ["a", "b"]])  # type: ignore[arg-type]
+    queue.enqueue(target, "u@example.com")  # type: ignore[arg-type]
+    session.commit()
+    assert _count(engine) == 2
+
+
+def test_a_transactional_workflows_session_is_no_arg_of_the_job(queue: JobQueue) -> None:
+    assert queue.enqueue(record_order, 7).args == [7]
+    assert queue.enqueue(record_order, 7, "gift").args == [7, "gift"]
+    with pytest.raises(InvalidArgument, match=r"\(order_id, note=''\): missing"):
+        queue.enqueue(record_order)
+    with pytest.raises(InvalidArgument, match="too many positional arguments"):
+        queue.enqueue("enq.tx", 7, "gift", "wrap")
+
+
+def test_args_are_checked_only_against_a_function_this_process_knows(queue: JobQueue) -> None:
+    assert queue.enqueue(anything, 1, 2, 3).args == [1, 2, 3]  # *rest takes the others
+    # another version of the workflow than the registered one: its function is not here
+    assert queue.enqueue("enq.welcome", "a", "b", version="2").args == ["a", "b"]
+    assert queue.enqueue("enq.not_here", "a", "b").args == ["a", "b"]  # no function at all

@@ -167,6 +167,13 @@ TYPE_CASES: list[tuple[Any, str]] = [
                        "it back"),
     ({1, 2}, "a set is not JSON: use a list, e.g. sorted(value)"),
     (b"raw", "bytes are not JSON: use text, e.g. base64.b64encode(value).decode()"),
+    # any other type by its name, with its article: an object, an ellipsis, a complex
+    (object(), "an object is not JSON (JSON has strings, numbers, booleans, null, lists, and "
+               "objects with string keys)"),
+    (..., "an ellipsis is not JSON (JSON has strings, numbers, booleans, null, lists, and "
+          "objects with string keys)"),
+    (1j, "a complex is not JSON (JSON has strings, numbers, booleans, null, lists, and "
+         "objects with string keys)"),
 ]
 
 

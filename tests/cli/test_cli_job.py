@@ -72,6 +72,12 @@ def test_enqueue_with_import_takes_the_workflow_defaults(cli: Any, engine: Engin
         (["job", "enqueue", "wf", "--run-at", "tomorrow"], "not an ISO-8601 time"),
         (["job", "enqueue", "--import", "no.such.module", "wf"], "cannot import workflow module"),
         (["job", "enqueue", "--import", "postjob_sa.demo", "demo.nope"], "no workflow named"),
+        # demo.measure(word): each run would fail with a TypeError, retried every attempt
+        (["job", "enqueue", "--import", "postjob_sa.demo", "demo.measure"],
+         "the args [] do not fit workflow 'demo.measure' (word): missing a required "
+         "argument: 'word'"),
+        (["job", "enqueue", "--import", "postjob_sa.demo", "demo.measure", '"a"', '"b"'],
+         "too many positional arguments"),
         (["job", "reset", "999"], "no job has the id 999"),
         (["job", "reset", "1x"], "not a job id"),
         (["job", "force", "999"], "no job has the id 999"),
@@ -211,7 +217,34 @@ def test_prune_deletes_a_finished_tree_with_a_cancelled_child(cli: Any, engine: 
     assert res.returncode == 0 and "deleted 1 root job(s), 2 job(s) in all" in res.stdout
 
 
+def _live_worker(engine: Engine, *workflows: str) -> None:
+    _sql(engine, "INSERT INTO postjob.workers (identifier, expires_at, code_revision, workflows) "
+         "VALUES ('host:1', now() + interval '1 hour', 'pj0008', CAST(:w AS text[]))",
+         w=list(workflows))
+
+
+def test_enqueue_of_a_name_no_running_worker_knows_says_so(cli: Any, engine: Engine) -> None:
+    """A typo, or a workflow stored under __main__.name: the job would wait for ever."""
+    _live_worker(engine, "demo.measure")
+    res = cli("job", "enqueue", "demo.mesure", '"word"', "--max-attempts", "3", "--queue", "q",
+              "--timeout", "1m")
+    assert res.returncode == 0, res.stderr
+    assert _job(engine, int(res.stdout))["workflow"] == "demo.mesure"
+    assert res.stderr.splitlines() == [
+        "postjob: note: no running worker knows a workflow named 'demo.mesure' (running "
+        "workers know demo.measure): check the name; the job waits until a worker that "
+        "imports it starts (postjob run --import MODULE)"]
+    _sql(engine, "TRUNCATE postjob.workers")
+    res = cli("job", "enqueue", "demo.mesure", '"word"', "--max-attempts", "3", "--queue", "q",
+              "--timeout", "1m")
+    assert res.stderr.splitlines() == [
+        "postjob: note: no running worker knows a workflow named 'demo.mesure' (no worker "
+        "is running): check the name; the job waits until a worker that imports it starts "
+        "(postjob run --import MODULE)"]
+
+
 def test_enqueue_without_import_says_the_workflow_defaults_do_not_apply(cli: Any, engine: Engine) -> None:
+    _live_worker(engine, "demo.measure", "demo.report")
     res = cli("job", "enqueue", "demo.measure", '"word"')
     assert res.returncode == 0, res.stderr
     job = _job(engine, int(res.stdout))

@@ -58,8 +58,9 @@ def test_ps_lists_root_jobs_newest_first(cli: Any, tree: dict[str, int]) -> None
     res = cli("ps")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert lines[0].split() == ["id", "workflow", "status", "attempts", "result", "next_run_in",
-                                "age", "processing", "worker", "tags"]
+    # attempts: the failed ones of the most a job has (0/5 for a job that never failed)
+    assert lines[0].split() == ["id", "workflow", "status", "failed/max", "result",
+                                "next_run_in", "age", "processing", "worker", "tags"]
     ids = [int(line.split()[0]) for line in lines[2:]]
     assert ids == [tree["busy"], tree["failed"], tree["root"]]
     busy = lines[2]
@@ -99,6 +100,7 @@ def test_ps_with_ids_shows_their_trees(cli: Any, tree: dict[str, int]) -> None:
 def test_ps_full_draws_the_tree_with_results(cli: Any, tree: dict[str, int]) -> None:
     res = cli("ps", "full", str(tree["root"]))
     assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[0].split() == ["job", "status", "failed/max", "result", "age"]
     lines = res.stdout.splitlines()[2:]
     assert lines[0].startswith(f"{tree['root']} report@2") and '{"total":3}' in lines[0]
     assert lines[1].startswith(f"  └ {tree['child']} measure") and " 3 " in lines[1]

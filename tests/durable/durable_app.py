@@ -214,3 +214,18 @@ def killed_step(seconds: float) -> str:
 def waiter_paused(key: str, pause: float) -> Any:
     time.sleep(pause)
     return postjob_sa.wait_for_event(key)
+
+
+@postjob_sa.workflow(name="dur.nest")
+def nest(depth: int) -> int:
+    """A chain of ``depth`` descendants: each job waits for its one child."""
+    if depth == 0:
+        return 0
+    return int(nest.spawn(depth - 1).result()) + 1
+
+
+@postjob_sa.workflow(name="dur.nest_async")
+async def nest_async(depth: int) -> int:
+    if depth == 0:
+        return 0
+    return int(await nest_async.spawn(depth - 1)) + 1

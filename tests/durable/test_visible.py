@@ -51,3 +51,28 @@ def test_the_job_page_lists_them_too(side: Engine) -> None:
     assert "sleep #1" in page
     other = client.get(f"/jobs/{waiting}").get_data(as_text=True)
     assert "Waits for the event <code>parcel:&lt;b&gt;9&lt;/b&gt;</code>" in other  # escaped
+
+
+def test_ps_shows_a_job_woken_by_an_event_as_due_not_at_its_old_timeout(side: Engine) -> None:
+    with Session(side) as s:
+        q = JobQueue(s, fast_mode=True)
+        job_id = q.enqueue(durable_app.waiter, "parcel:1", 3600).id
+        s.commit()
+        q.drain()
+    url = url_string(side.url)
+
+    def shown() -> tuple[float, str]:
+        out = json.loads(postjob("ps", "--json", url=url).stdout)["jobs"]
+        table = postjob("ps", url=url).stdout.splitlines()
+        (row,) = [line for line in table if line.split()[0] == str(job_id)]
+        header = table[0].split()
+        return out[0]["next_run_in"], row.split()[header.index("next_run_in")]
+
+    waits, _ = shown()
+    assert 3500 < waits <= 3600  # until the event's timeout
+    with Session(side) as s:  # the event comes: the job is due now
+        JobQueue(s).emit_event("parcel:1", {"tracking": "1Z"})
+        s.commit()
+    due, column = shown()
+    assert -5 < due <= 0, due
+    assert column == "0s" or column.startswith("-"), column

@@ -143,7 +143,11 @@ def test_workers_are_seen_by_their_heartbeat_too(client: Client, seeded: Seeded,
     pooled = workers[workers.index("pooled-host:7"):workers.index("</tr>", workers.index("pooled-host:7"))]
     assert "pooled: not by name" in pooled and "stopped" not in pooled
     crashed = workers[workers.index("crashed-host:9") - 40:workers.index("</tr>", workers.index("crashed-host:9"))]
-    assert 'class="gone"' in crashed and "stopped" in crashed and "not connected" in crashed
+    # its heartbeat ended without it unregistering: it died (a worker that stops unregisters,
+    # and is no longer listed)
+    assert 'class="gone"' in crashed and "died" in crashed and "not connected" in crashed
+    assert "stopped" not in crashed
+    assert "A worker that stops unregisters" in workers
     stranded = page.split('data-fragment="stranded"', 1)[1]
     assert "No worker is up" not in stranded and "web.nobody_runs_this" in stranded
 

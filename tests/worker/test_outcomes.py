@@ -3,6 +3,7 @@ fencing of late writes, reset, force and reap."""
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 
@@ -332,3 +333,72 @@ def test_a_run_writes_the_record_once_when_it_ends(engine: Engine, session: Sess
         )).scalar()
     assert _job(session, job.id).status is Status.ok
     assert after - before == 1  # the result
+
+
+@postjob_sa.workflow(name="out.welcome", registry=reg)
+def welcome(email: str) -> str:
+    calls.append(email)
+    return email
+
+
+@postjob_sa.workflow(name="out.type_error", max_attempts=2, registry=reg)
+def raises_type_error(x: int) -> None:
+    calls.append("type_error")
+    raise TypeError("a bug of the workflow's own")
+
+
+def test_a_run_whose_args_do_not_fit_the_workflow_fails_at_once(engine: Engine, session: Session) -> None:
+    """A job enqueued where the workflow's function was not known (by name, from another
+    process): retrying cannot make its args fit, so its first run fails it."""
+    calls.clear()
+    session.add(Job(workflow="out.welcome", args=["a", "b"]))
+    session.add(Job(workflow="out.welcome", args=[]))
+    session.add(Job(workflow="out.type_error", args=[1]))
+    session.commit()
+    _q(session).drain()
+    rows = {tuple(r[0]): r[1:] for r in session.execute(text(
+        "SELECT args, status::text, failed_attempts, error, error_message "
+        "FROM postjob.postjobs WHERE workflow = 'out.welcome'"))}
+    assert rows == {
+        ("a", "b"): ("failed", 1, "postjob_sa.errors.ArgumentMismatch",
+                     'the args ["a", "b"] do not fit workflow \'out.welcome\' (email): '
+                     "too many positional arguments"),
+        (): ("failed", 1, "postjob_sa.errors.ArgumentMismatch",
+             "the args [] do not fit workflow 'out.welcome' (email): "
+             "missing a required argument: 'email'"),
+    }
+    assert calls == ["type_error"]  # their functions never ran
+    # a TypeError the workflow raises itself is an error like any other: retried
+    status, attempts = session.execute(text(
+        "SELECT status::text, failed_attempts FROM postjob.postjobs "
+        "WHERE workflow = 'out.type_error'")).one()
+    assert (status, attempts) == ("err", 1)
+
+
+def test_a_worker_logs_each_job_it_rescues_from_a_dead_worker(
+    session: Session, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job, its workflow, the worker that held it and when that one's lease ended: a
+    rescue is an event an operator wants to see (a crash, a kill, a machine gone)."""
+    gone = _q(session, fast_mode=True, lease=0.05, identifier="host-a:4242")
+    retried, last = gone.enqueue(ok, 1), gone.enqueue(fatal)
+    session.execute(text("UPDATE postjob.postjobs SET max_attempts = 1 WHERE id = :i"),
+                    {"i": last.id})
+    session.commit()
+    held = gone.checkout(limit=2)  # and then its worker dies: nobody beats for the lease
+    expires = session.execute(text("SELECT min(lease_expires_at) FROM postjob.unfinished")).scalar_one()
+    session.commit()
+    assert {j.id for j in held} == {retried.id, last.id}
+    time.sleep(0.1)
+    with caplog.at_level(logging.WARNING, logger="postjob_sa.worker"):
+        _q(session, fast_mode=True).drain()
+    lines = [r.getMessage() for r in caplog.records if "rescued" in r.getMessage()]
+    at = expires.astimezone().strftime("%H:%M:%S")
+    assert lines == [
+        f"job {retried.id} (out.ok) rescued from worker host-a:4242, whose lease expired at "
+        f"{at}: to be retried (attempt 2 of 5)",
+        f"job {last.id} (out.fatal) rescued from worker host-a:4242, whose lease expired at "
+        f"{at}: failed (no attempts left)",
+    ]
+    assert _job(session, retried.id).status is Status.ok  # the retry ran
+    assert _job(session, last.id).status is Status.failed

@@ -5,19 +5,23 @@ a worker that is not told it is pooled breaks there."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 from collections import Counter
 from typing import Any
 
 import pytest
 from sqlalchemy import URL, Engine, create_engine, text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import postjob_sa
-from postjob_sa import InvalidArgument, JobQueue, _metrics
+from postjob_sa import AsyncJobQueue, JobQueue, _metrics
 from postjob_sa._db import Conn
 from postjob_sa.registry import Registry
-from postjob_sa.worker.pooler import POOLED_HINT, transaction_pooling
+from postjob_sa.worker import pooler
+from postjob_sa.worker.pooler import DETECTED, WAKE_BY_POLL, WAKE_BY_URL, transaction_pooling
 from tests.cli.test_cli_db import postjob
 from tests.conftest import url_string
 from tests.pgbouncer import (
@@ -69,6 +73,7 @@ def pooled_url(bouncer: PgBouncer, db_url: URL, engine: Engine, clean: None) -> 
         conn.execute(text("CREATE TABLE IF NOT EXISTS pgb_writes (job_id bigint)"))
         conn.execute(text("TRUNCATE pgb_writes"))
     ran.clear()
+    pooler._said.clear()  # each test's workers say it anew
     return bouncer.url(db_url)
 
 
@@ -172,20 +177,33 @@ def test_a_pooled_worker_without_a_direct_url_polls(pooled_url: URL, engine: Eng
     assert done == [2] and statuses(engine) == {"ok": 2}
 
 
-def test_a_worker_not_told_it_is_pooled_breaks_through_the_pooler(
+def test_a_worker_told_it_is_not_pooled_breaks_through_the_pooler(
     pooled_url: URL, engine: Engine
 ) -> None:
-    """The protection the tests above rely on: without pooled=True, psycopg 3 prepares the
-    worker's statements on a server connection the next transaction does not get."""
+    """The protection the tests above rely on: with pooled=False (the override: no probe),
+    psycopg 3 prepares the worker's statements on a server connection the next transaction
+    does not get."""
     worker_engine = create_engine(pooled_url.set(drivername="postgresql+psycopg"))
     app = app_engine(pooled_url, "postgresql+psycopg")
     try:
         enqueue(app, "pgb.record", range(12))
         with Session(worker_engine) as s, pytest.raises(Exception, match="prepared statement"):
-            JobQueue(s, fast_mode=True, registry=registry).drain()
+            JobQueue(s, fast_mode=True, registry=registry, pooled=False).drain()
     finally:
         app.dispose()
         worker_engine.dispose()
+
+
+def _measure(url: URL, n: int) -> None:
+    """n jobs of postjob_sa.demo's demo.measure, for the CLI's workers."""
+    app = app_engine(url, "postgresql+psycopg")
+    try:
+        with Session(app) as s:
+            for _ in range(n):
+                JobQueue(s).enqueue("demo.measure", "word")
+            s.commit()
+    finally:
+        app.dispose()
 
 
 def _scalar(engine: Engine, sql: str) -> Any:
@@ -200,22 +218,31 @@ def _wait_done(engine: Engine, n: int) -> None:
 
 @pytest.mark.parametrize("strict", [True, False], ids=["discard-all", "no-reset"])
 @pytest.mark.parametrize("driver", DRIVERS)
-def test_a_worker_not_told_it_is_pooled_finds_the_pooler_at_start_and_refuses(
-    server_url: URL, db_url: URL, engine: Engine, clean: None, driver: str, strict: bool
+def test_a_worker_not_told_it_is_pooled_finds_the_pooler_at_start_and_runs_as_pooled(
+    server_url: URL, db_url: URL, engine: Engine, clean: None, driver: str, strict: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A long-running worker probes its connection: through a pooler in transaction mode its
-    LISTEN is forgotten (strict) or handed to the next client (no reset); it refuses to start
-    with one line that names --pooled, instead of losing its wake-ups."""
+    """A worker probes its engine when it starts: through a pooler in transaction mode its
+    LISTEN is forgotten (strict) or handed to the next client (no reset). It runs as if
+    pooled=True were given and says so in one line that names --wakeup-url."""
+    ran.clear()
     with PgBouncer(server_url, pool_size=2, strict=strict) as pooler:
         worker_engine = create_engine(pooler.url(db_url).set(drivername=driver))
         try:
-            with Session(worker_engine) as s, pytest.raises(InvalidArgument) as refused:
-                JobQueue(s, fast_mode=True, registry=registry).work(count=1)
+            ids = enqueue(worker_engine, "pgb.parent", range(2))
+            with caplog.at_level(logging.WARNING, logger="postjob_sa"), \
+                    Session(worker_engine) as s:
+                done = JobQueue(s, fast_mode=True, registry=registry, lease=300,
+                                poll_interval=0.05).work(count=6)
         finally:
             worker_engine.dispose()
+    assert done == 6 and statuses(engine) == {"ok": 4}  # 2 parents (2 runs each), 2 children
+    assert set(ids) <= set(ran)
     seen = ("its LISTEN was gone one transaction later" if strict
             else "a second connection was handed the same server session")
-    assert str(refused.value) == POOLED_HINT.format(seen)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [DETECTED.format(seen, WAKE_BY_POLL.format(0.05))]
+    assert "--wakeup-url" in lines[0]
     # a direct connection keeps its session: the same probe finds nothing
     with engine.connect() as conn:
         direct = Conn.borrow(conn.connection.dbapi_connection, driver.partition("+")[2])
@@ -223,10 +250,74 @@ def test_a_worker_not_told_it_is_pooled_finds_the_pooler_at_start_and_refuses(
         assert transaction_pooling(direct, engine.execution_options()) is None
 
 
-def test_postjob_run_through_the_pooler_without_pooled_exits_2_naming_the_flag(
-    pooled_url: URL
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_drain_finds_the_pooler_too_and_says_so_once_per_database_url(
+    pooled_url: URL, engine: Engine, driver: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    res = postjob("run", "--import", "postjob_sa.demo", url=url_string(pooled_url))
-    assert res.returncode == 2, res.stderr
-    assert res.stderr.strip().splitlines()[-1] == "postjob: " + POOLED_HINT.format(
-        "its LISTEN was gone one transaction later")
+    """step and drain probe as well (once per URL in a process: drain may be called in a
+    loop); a worker given pooled=True probes nothing and says nothing."""
+    worker_engine = create_engine(pooled_url.set(drivername=driver))
+    try:
+        with caplog.at_level(logging.WARNING, logger="postjob_sa"):
+            for k in range(3):
+                enqueue(worker_engine, "pgb.record", range(k, k + 1))
+                with Session(worker_engine) as s:
+                    assert JobQueue(s, fast_mode=True, registry=registry).drain() == 1
+        assert [r.getMessage() for r in caplog.records] == [
+            DETECTED.format("its LISTEN was gone one transaction later",
+                            WAKE_BY_POLL.format(1))]
+    finally:
+        worker_engine.dispose()
+    assert statuses(engine) == {"ok": 3}
+
+
+def test_the_async_queue_finds_the_pooler(
+    pooled_url: URL, db_url: URL, engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = app_engine(pooled_url, "postgresql+psycopg")
+    enqueue(app, "pgb.record", range(2))
+    app.dispose()
+
+    async def body() -> int:
+        async_engine = create_async_engine(pooled_url.set(drivername="postgresql+psycopg"),
+                                           connect_args={"prepare_threshold": None})
+        try:
+            async with AsyncSession(async_engine) as s:
+                return await AsyncJobQueue(s, fast_mode=True, registry=registry,
+                                           wakeup_url=db_url).drain()
+        finally:
+            await async_engine.dispose()
+
+    with caplog.at_level(logging.WARNING, logger="postjob_sa"):
+        assert asyncio.run(body()) == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        DETECTED.format("its LISTEN was gone one transaction later",
+                        WAKE_BY_URL)]
+    assert statuses(engine) == {"ok": 2}
+
+
+def test_postjob_run_through_the_pooler_without_pooled_runs_as_pooled(
+    pooled_url: URL, engine: Engine
+) -> None:
+    _measure(pooled_url, 1)
+    res = postjob("run", "--import", "postjob_sa.demo", "--count", "1",
+                  url=url_string(pooled_url))
+    assert res.returncode == 0, res.stderr
+    lines = [line for line in res.stderr.splitlines() if "pooler" in line]
+    assert len(lines) == 1 and lines[0].endswith(DETECTED.format(
+        "its LISTEN was gone one transaction later",
+        WAKE_BY_POLL.format(1))), res.stderr
+    assert statuses(engine) == {"ok": 1}
+
+
+def test_postjob_run_with_processes_finds_the_pooler_once_for_all_of_them(
+    pooled_url: URL, engine: Engine
+) -> None:
+    """The supervisor probes, and hands --pooled to its workers (it must not LISTEN through
+    the pooler for them either)."""
+    _measure(pooled_url, 2)
+    res = postjob("run", "--import", "postjob_sa.demo", "--count", "1", "--processes", "2",
+                  "--poll-interval", "0.1s", url=url_string(pooled_url), timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert len([line for line in res.stderr.splitlines() if "pooler" in line]) == 1, res.stderr
+    assert statuses(engine) == {"ok": 2}

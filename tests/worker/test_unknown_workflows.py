@@ -137,9 +137,9 @@ def _ps(db_url: URL, *args: str, columns: int = 200) -> subprocess.CompletedProc
 
 
 def _status_by_id(stdout: str) -> dict[int, str]:
-    """The status column of a ps table (between the workflow and attempts columns)."""
+    """The status column of a ps table (between the workflow and failed/max columns)."""
     lines = stdout.splitlines()
-    start, end = lines[0].index("status"), lines[0].index("attempts")
+    start, end = lines[0].index("status"), lines[0].index("failed/max")
     return {int(line.split()[0]): line[start:end].strip() for line in lines[2:] if line[:1] == " "
             or line[:1].isdigit()}
 
