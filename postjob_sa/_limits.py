@@ -1,5 +1,5 @@
 """Per-queue limits as operators set them (``JobQueue.set_queue_limits``, ``postjob queue
-limit``); checkout (``postjob.checkout_v2``) obeys them."""
+limit``); checkout (``postjob_sa/sql/checkout.sql``) obeys them."""
 
 from __future__ import annotations
 

@@ -156,12 +156,11 @@ def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str
 
 
 @click.command()
-@click.option("--fast", is_flag=True, help="Fast-mode back-off for the retries it schedules.")
 @click.pass_obj
-def reap(app: App, fast: bool) -> None:
+def reap(app: App) -> None:
     """Time out overdue jobs and fail over jobs of dead workers (every checkout does this too;
     run it from cron when no worker is running)."""
     with app.session() as session:
-        n = JobQueue(session, fast_mode=fast).reap()
+        n = JobQueue(session).reap()
         session.commit()
     click.echo(f"reaped {n} job(s)")
