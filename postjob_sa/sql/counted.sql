@@ -46,6 +46,36 @@ LANGUAGE sql STABLE AS $$
   GROUP BY m.workflow, m.workflow_version, m.queue, m.scheduled
 $$;
 
+-- Lock up to p_want free places and starts of a limited queue (SKIP LOCKED); left_over is
+-- how many jobs they let start.
+CREATE OR REPLACE FUNCTION postjob._permits_lock(p_limits postjob.queue_limits, p_want integer,
+                                                 p_now timestamptz)
+RETURNS TABLE (slots integer[], starts integer[], left_over integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_left integer := p_want;
+BEGIN
+  slots := ARRAY(
+    SELECT s.slot FROM postjob.queue_slots s
+    WHERE p_limits.concurrency IS NOT NULL AND s.queue = p_limits.queue
+      AND s.slot <= p_limits.concurrency AND s.job_id IS NULL
+    ORDER BY s.slot LIMIT v_left FOR UPDATE SKIP LOCKED);
+  IF p_limits.concurrency IS NOT NULL THEN
+    v_left := cardinality(slots);
+  END IF;
+  starts := ARRAY(
+    SELECT s.n FROM postjob.queue_starts s
+    WHERE p_limits.rate IS NOT NULL AND s.queue = p_limits.queue AND s.n <= p_limits.rate
+      AND (s.started_at IS NULL OR s.started_at <= p_now - postjob._period(p_limits.period))
+    ORDER BY s.started_at NULLS FIRST, s.n LIMIT v_left FOR UPDATE SKIP LOCKED);
+  IF p_limits.rate IS NOT NULL THEN
+    v_left := cardinality(starts);
+  END IF;
+  left_over := v_left;
+  RETURN NEXT;
+END;
+$$;
+
 -- See the top of this file. A limited queue's share is what it can lock of its places and
 -- starts (SKIP LOCKED: nothing locks the queue as a whole, so checkouts of several
 -- transactions never share a place and never wait for each other); each job it hands out
@@ -76,22 +106,8 @@ BEGIN
     v_left := v_shares.share;
     SELECT * INTO v_limits FROM postjob.queue_limits l WHERE l.queue = v_shares.queue;
     IF FOUND THEN  -- lock the places and starts first: the share is what could be locked
-      v_slots := ARRAY(
-        SELECT s.slot FROM postjob.queue_slots s
-        WHERE v_limits.concurrency IS NOT NULL AND s.queue = v_limits.queue
-          AND s.slot <= v_limits.concurrency AND s.job_id IS NULL
-        ORDER BY s.slot LIMIT v_left FOR UPDATE SKIP LOCKED);
-      IF v_limits.concurrency IS NOT NULL THEN
-        v_left := cardinality(v_slots);
-      END IF;
-      v_starts := ARRAY(
-        SELECT s.n FROM postjob.queue_starts s
-        WHERE v_limits.rate IS NOT NULL AND s.queue = v_limits.queue AND s.n <= v_limits.rate
-          AND (s.started_at IS NULL OR s.started_at <= v_now - postjob._period(v_limits.period))
-        ORDER BY s.started_at NULLS FIRST, s.n LIMIT v_left FOR UPDATE SKIP LOCKED);
-      IF v_limits.rate IS NOT NULL THEN
-        v_left := cardinality(v_starts);
-      END IF;
+      SELECT p.slots, p.starts, p.left_over INTO v_slots, v_starts, v_left
+        FROM postjob._permits_lock(v_limits, v_left, v_now) p;
     END IF;
     CONTINUE WHEN v_left < 1;
     WITH picked AS (

@@ -99,6 +99,38 @@ BEGIN
 END;
 $$;
 
+-- Whether a sleep ends at once: the child it waits for has ended, a child's end is still to
+-- be told (postjob.wakeups), or its run was marked (a child failed while it ran).
+CREATE OR REPLACE FUNCTION postjob._sleep_woken(p_id bigint, p_awaiting bigint, p_marked boolean)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+  SELECT p_marked
+    OR EXISTS (SELECT 1 FROM postjob.postjobs c WHERE c.id = p_awaiting
+               AND c.status IN ('ok', 'failed', 'timeout', 'cancelled'))
+    OR EXISTS (SELECT 1 FROM postjob.wakeups n JOIN postjob.postjobs c ON c.id = n.job_id
+               WHERE c.parent_id = p_id)
+$$;
+
+-- What an outcome makes of its job: the status, and when it runs next (an error's back-off,
+-- a sleep's delay, a release or a woken sleep at once; NULL: a final status or a sleep
+-- without an end of its own); and whether it is a sleep woken at once.
+CREATE OR REPLACE FUNCTION postjob._outcome_next(
+  p_kind text, p_delay double precision, p_status postjob.statuses, p_woken boolean,
+  p_failed_attempts integer, p_max_attempts integer, p_now timestamptz)
+RETURNS TABLE (status postjob.statuses, run_at timestamptz, woken boolean)
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT (CASE WHEN p_kind = 'ok' THEN 'ok'
+               WHEN p_kind = 'failed' OR (p_kind = 'err' AND p_failed_attempts + 1 >= p_max_attempts)
+                 THEN 'failed'
+               WHEN p_kind = 'err' THEN 'err'
+               WHEN p_kind = 'sleep' AND NOT p_woken THEN 'sleep'
+               WHEN p_kind = 'sleep' THEN 'ready'
+               ELSE p_status END)::postjob.statuses,
+         CASE WHEN p_kind = 'err' THEN p_now + greatest(COALESCE(p_delay, 0), 0) * interval '1 second'
+              WHEN p_kind = 'release' OR p_woken THEN p_now
+              WHEN p_kind = 'sleep' THEN p_now + p_delay * interval '1 second' END,
+         p_woken
+$$;
+
 -- The outcomes finish_v4 does not record itself (its format; p_results has the [value] of
 -- the ok ones, NULL for the others). The jobs' own rows are locked first and read after, by
 -- the next statement; the families are told without waiting (_tell_family): a run's outcome
@@ -113,41 +145,27 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := statement_timestamp();
-  v_settled bigint[];
-  v_final bigint[];
+  v_settled bigint[];  -- the outcomes recorded, of which
+  v_final bigint[];    -- final (and failed), and sleeps woken at once
   v_failed bigint[];
   v_woken bigint[];
-  v_ended bigint[];
-  v_runnable integer;
+  v_ended bigint[];    -- the runs over: recorded, stopped, or their job ended from outside
+  v_runnable integer;  -- how many may run now (an idle worker is woken for each)
 BEGIN
   PERFORM 1 FROM postjob.unfinished WHERE job_id = ANY (p_ids || p_stopped)
     ORDER BY job_id FOR UPDATE;
   WITH plan AS MATERIALIZED (
-    SELECT o.*, x.status, x.run_at, x.run_at <= v_now AS due, w.woken
+    SELECT o.*, x.status, x.run_at, x.run_at <= v_now AS due, x.woken
     FROM unnest(p_ids, p_tokens, p_kinds, p_results, p_errors, p_messages, p_backtraces,
                 p_versions, p_awaiting, p_delays)
       AS o(id, token, kind, result, error, message, backtrace, version, awaiting, delay)
     JOIN postjob.unfinished u ON u.job_id = o.id AND u.lease_token = o.token
                              AND u.status IN ('ready', 'err', 'sleep')
     JOIN postjob.postjobs j ON j.id = o.id
-    CROSS JOIN LATERAL (  -- a sleep whose awaited child has ended, whose child's end is still
-                          -- to be told, or that was marked, is woken
-      SELECT o.kind = 'sleep' AND (u.woken OR EXISTS (
-        SELECT 1 FROM postjob.postjobs c WHERE c.id = o.awaiting
-          AND c.status IN ('ok', 'failed', 'timeout', 'cancelled')) OR EXISTS (
-        SELECT 1 FROM postjob.wakeups n JOIN postjob.postjobs c ON c.id = n.job_id
-        WHERE c.parent_id = o.id)) AS woken) w
-    CROSS JOIN LATERAL (
-      SELECT (CASE WHEN o.kind = 'ok' THEN 'ok'
-                   WHEN o.kind = 'failed' OR (o.kind = 'err' AND j.failed_attempts + 1 >= j.max_attempts)
-                     THEN 'failed'
-                   WHEN o.kind = 'err' THEN 'err'
-                   WHEN o.kind = 'sleep' AND NOT w.woken THEN 'sleep'
-                   WHEN o.kind = 'sleep' THEN 'ready'
-                   ELSE u.status END)::postjob.statuses AS status,
-             CASE WHEN o.kind = 'err' THEN v_now + greatest(COALESCE(o.delay, 0), 0) * interval '1 second'
-                  WHEN o.kind = 'release' OR w.woken THEN v_now
-                  WHEN o.kind = 'sleep' THEN v_now + o.delay * interval '1 second' END AS run_at) x
+    CROSS JOIN LATERAL postjob._outcome_next(
+      o.kind, o.delay, u.status,
+      o.kind = 'sleep' AND postjob._sleep_woken(o.id, o.awaiting, u.woken),
+      j.failed_attempts, j.max_attempts, v_now) x
   ), gone AS (
     DELETE FROM postjob.unfinished u
     WHERE u.job_id = ANY (ARRAY(SELECT p.id FROM plan p WHERE p.status IN ('ok', 'failed')))
@@ -181,8 +199,6 @@ BEGIN
          array_agg(p.id) FILTER (WHERE p.woken),
          count(*) FILTER (WHERE p.status IN ('ready', 'err') AND p.due)
     INTO v_settled, v_final, v_failed, v_woken, v_runnable FROM plan p;
-  -- the runs that stopped, and those whose job was ended from outside while they ran (their
-  -- outcome is not recorded, but their run is over)
   v_ended := COALESCE(v_settled, '{}') || postjob._runs_stopped(
     p_stopped || ARRAY(SELECT x FROM unnest(p_ids) x WHERE x <> ALL (COALESCE(v_settled, '{}'))),
     p_stopped_tokens || ARRAY(SELECT o.token FROM unnest(p_ids, p_tokens) AS o(id, token)
@@ -198,8 +214,7 @@ BEGIN
   END IF;
   RETURN QUERY
     SELECT 'lost'::text, x FROM unnest(p_ids) x WHERE x <> ALL (COALESCE(v_settled, '{}'))
-    UNION ALL
-    SELECT 'woken'::text, x FROM unnest(v_woken) x;
+    UNION ALL SELECT 'woken'::text, x FROM unnest(v_woken) x;
 END;
 $$;
 

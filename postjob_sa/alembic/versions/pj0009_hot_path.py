@@ -284,6 +284,10 @@ DROP FUNCTION postjob.finish_v4(bigint[], bigint[], jsonb[], text[], bigint[], b
 DROP FUNCTION postjob._settle(bigint[], bigint[], text[], jsonb[], text[], text[], jsonb[],
                               text[], bigint[], double precision[], bigint[], bigint[]);
 DROP FUNCTION postjob._runs_stopped(bigint[], bigint[]);
+DROP FUNCTION postjob._sleep_woken(bigint, bigint, boolean);
+DROP FUNCTION postjob._outcome_next(text, double precision, postjob.statuses, boolean, integer,
+                                    integer, timestamptz);
+DROP FUNCTION postjob._permits_lock(postjob.queue_limits, integer, timestamptz);
 DROP FUNCTION postjob._free_places(bigint[]);
 DROP FUNCTION postjob._lock_family(bigint[], bigint[]);
 DROP FUNCTION postjob._tell_family(bigint[], bigint[]);
