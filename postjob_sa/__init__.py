@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from postjob_sa.models import Base, Job, QueueLimit, Schedule, Status, Token, metadata
     from postjob_sa.queue import JobQueue
     from postjob_sa.registry import Registry, Workflow, workflow
+    from postjob_sa.worker.options import WorkerOptions
 
 #: Where each public name is defined.
 _HOMES = {
@@ -74,6 +75,7 @@ _HOMES = {
     "Status": "models", "Token": "models", "metadata": "models",
     "JobQueue": "queue",
     "Registry": "registry", "Workflow": "registry", "workflow": "registry",
+    "WorkerOptions": "worker.options",
 }
 
 
@@ -124,6 +126,7 @@ __all__ = [
     "SchemaError",
     "Status",
     "Token",
+    "WorkerOptions",
     "Workflow",
     "current_job",
     "current_session",

@@ -16,16 +16,18 @@ from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import URL, Engine, create_engine
+from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_scoped_session
 from sqlalchemy.orm import Session
+from typing_extensions import Unpack
 
 from postjob_sa._db import check_session_driver
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.models import Job
-from postjob_sa.queue import DEFAULT_LEASE, JobQueue
+from postjob_sa.queue import JobQueue
 from postjob_sa.registry import Registry
 from postjob_sa.worker.loop import Worker
+from postjob_sa.worker.options import WorkerOptions, WorkerSettings, worker_options
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -67,16 +69,11 @@ class AsyncJobQueue:
         session: AsyncSession | async_scoped_session[Any],
         fast_mode: bool = False,
         *,
-        lease: float = DEFAULT_LEASE,
-        batch_size: int = 1,
         registry: Registry | None = None,
-        identifier: str | None = None,
-        concurrency: int = 1,
-        worker_engine: Engine | None = None,
-        pooled: bool | None = None,
-        wakeup_url: str | URL | None = None,
-        poll_interval: float = 1.0,
         job_context: Callable[[], AbstractContextManager[Any]] | None = None,
+        worker_engine: Engine | None = None,
+        options: WorkerOptions | None = None,
+        **settings: Unpack[WorkerSettings],
     ):
         self._session: AsyncSession | None = None
         self._scoped: async_scoped_session[Any] | None = None
@@ -90,14 +87,8 @@ class AsyncJobQueue:
                 f"AsyncJobQueue(AsyncSession(async_engine)), not {session!r}"
             )
         self.worker_engine = worker_engine
-        # validates the options once (a JobQueue on the session's underlying Session, or on
-        # a Session of its own until a scoped one is resolved)
-        self._options: dict[str, Any] = {
-            "fast_mode": fast_mode, "lease": lease, "batch_size": batch_size,
-            "registry": registry, "identifier": identifier, "concurrency": concurrency,
-            "pooled": pooled, "wakeup_url": wakeup_url, "poll_interval": poll_interval,
-            "job_context": job_context,
-        }
+        self.options = worker_options(options, fast_mode, settings)  # checked once, here
+        self._registry, self._job_context = registry, job_context
         self._template = self._queue(self._session.sync_session if self._session else Session())
 
     @property
@@ -111,7 +102,8 @@ class AsyncJobQueue:
         return self._session
 
     def _queue(self, session: Session) -> JobQueue:
-        return _SyncSide(session, **self._options)
+        return _SyncSide(session, registry=self._registry, job_context=self._job_context,
+                         options=self.options)
 
     enqueue = _forward(JobQueue.enqueue)
     enqueue_many = _forward(JobQueue.enqueue_many)
@@ -184,9 +176,9 @@ class AsyncJobQueue:
 
     async def drain(self, *, queues: Iterable[str] | None = None) -> int:
         """Run jobs until none is runnable now; return how many runs were recorded."""
-        return await self._run(batch=self._template.batch_size, until_idle=True,
+        return await self._run(batch=self.options.batch, until_idle=True,
                                queues=list(queues) if queues is not None else None,
-                               concurrency=self._template.concurrency)
+                               concurrency=self.options.concurrency)
 
     async def work(
         self,
@@ -203,10 +195,10 @@ class AsyncJobQueue:
         if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
             raise InvalidArgument(f"count must be a positive integer, not {count!r}")
         return await self._run(
-            handle_signals=handle_signals, count=count, batch=self._template.batch_size,
+            handle_signals=handle_signals, count=count, batch=self.options.batch,
             queues=list(queues) if queues is not None else None,
             workflows=list(workflows) if workflows is not None else None,
-            concurrency=self._template.concurrency,
+            concurrency=self.options.concurrency,
         )
 
 

@@ -13,12 +13,13 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import URL, Connection, Engine, select
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session, make_transient_to_detached, scoped_session
 from sqlalchemy.orm.attributes import set_committed_value
+from typing_extensions import Unpack
 
 from postjob_sa import _backoff, _metrics, _sql, _tracing, _validate
-from postjob_sa._db import check_driver, worker_identifier
+from postjob_sa._db import check_driver
 from postjob_sa._migrations import schema_checked
 from postjob_sa._operations import JobOperations
 from postjob_sa.errors import InvalidArgument, InvalidJobState
@@ -27,10 +28,13 @@ from postjob_sa.registry import Registry, Workflow, default_registry
 from postjob_sa.worker import pooler
 from postjob_sa.worker.executor import MAX_MESSAGE_CHARS, Outcome, error_name, outcome_params
 from postjob_sa.worker.loop import Worker
-from postjob_sa.worker.options import WorkerOptions
-from postjob_sa.worker.wakeup import wakeup_url_of
+from postjob_sa.worker.options import (
+    OptionOf,
+    WorkerOptions,
+    WorkerSettings,
+    worker_options,
+)
 
-DEFAULT_LEASE = 60.0
 #: An enqueue with a unique key inserts again when the key's holder finished meanwhile.
 ENQUEUE_TRIES = 5
 
@@ -55,6 +59,9 @@ def _workflow_name(workflow: Workflow[Any, Any] | str) -> tuple[str, Workflow[An
 class JobQueue(JobOperations):
     """The job queue, bound to a SQLAlchemy Session.
 
+    The keywords after ``session`` configure the workers this queue builds (``step``,
+    ``drain``, ``work``), as the fields of :class:`~postjob_sa.worker.options.WorkerOptions`
+    of the same name say (``batch_size`` is its ``batch``), or ``options=`` gives them whole:
     ``fast_mode`` shortens retry back-off to 0.01 s·1.5^n (tests); ``lease`` is how long a
     checked-out job is held before it is presumed abandoned (the worker's heartbeat extends
     it while the job runs); ``batch_size`` is how many jobs a worker checks out per round trip;
@@ -75,20 +82,24 @@ class JobQueue(JobOperations):
     ``app.app_context``: workflows then use ``db.session``, ``current_app`` and the config.
     """
 
+    lease = OptionOf("lease")
+    batch_size = OptionOf("batch")
+    fast_mode = OptionOf("fast_mode")
+    identifier = OptionOf("identifier")
+    concurrency = OptionOf("concurrency")
+    pooled = OptionOf("pooled")
+    wakeup_url = OptionOf("wakeup_url")
+    poll_interval = OptionOf("poll_interval")
+
     def __init__(
         self,
         session: Session | scoped_session[Any],
         fast_mode: bool = False,
         *,
-        lease: float = DEFAULT_LEASE,
-        batch_size: int = 1,
         registry: Registry | None = None,
-        identifier: str | None = None,
-        concurrency: int = 1,
-        pooled: bool | None = None,
-        wakeup_url: str | URL | None = None,
-        poll_interval: float = 1.0,
         job_context: Callable[[], AbstractContextManager[Any]] | None = None,
+        options: WorkerOptions | None = None,
+        **settings: Unpack[WorkerSettings],
     ):
         self._session: Session | None = None
         self._scoped: scoped_session[Any] | None = None
@@ -109,19 +120,8 @@ class JobQueue(JobOperations):
             raise InvalidArgument("job_context must be a callable that returns a context manager "
                                   f"(e.g. app.app_context), not {job_context!r}")
         self.job_context = job_context
-        self.fast_mode = bool(fast_mode)
-        self.lease = _validate.seconds(lease, "lease") or DEFAULT_LEASE
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
-            raise InvalidArgument(f"batch_size must be an integer from 1 to 10000, not {batch_size!r}")
-        self.batch_size = batch_size
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
-            raise InvalidArgument(f"concurrency must be an integer from 1 to 1000, not {concurrency!r}")
-        self.concurrency = concurrency
-        self.pooled = None if pooled is None else bool(pooled)
-        self.wakeup_url = None if wakeup_url is None else wakeup_url_of(wakeup_url)
-        self.poll_interval = _validate.seconds(poll_interval, "poll_interval") or 1.0
+        self.options = worker_options(options, fast_mode, settings)
         self.registry = registry or default_registry
-        self.identifier = identifier or worker_identifier()
 
     @property
     def session(self) -> Session:
@@ -156,12 +156,9 @@ class JobQueue(JobOperations):
 
     def _worker_on(self, engine: Engine, **options: Any) -> Worker:
         check_driver(engine)
-        pooled = self.pooled if self.pooled is not None else pooler.pooled(
-            engine, self.wakeup_url, self.poll_interval)
-        opts = WorkerOptions(lease=self.lease, fast_mode=self.fast_mode,
-                             identifier=self.identifier, pooled=pooled,
-                             wakeup_url=self.wakeup_url, poll_interval=self.poll_interval,
-                             **options)
+        opts = self.options.but(**options)
+        if opts.pooled is None:  # found out once per worker, before it connects
+            opts = opts.but(pooled=pooler.pooled(engine, opts.wakeup_url, opts.poll_interval))
         registry = self.registry
         if self.job_context is not None:  # every run enters it (see Workflow.job_context)
             registry = registry.with_job_context(self.job_context)
@@ -405,8 +402,6 @@ class JobQueue(JobOperations):
         """The worker loop: run jobs as they become due, sleep on LISTEN in between; stop
         after ``count`` jobs or on SIGINT/SIGTERM (after the current job; a second signal
         stops at once and releases the job). Returns how many runs were recorded."""
-        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
-            raise InvalidArgument(f"count must be a positive integer, not {count!r}")
         return self._worker(
             count=count, batch=self.batch_size,
             queues=list(queues) if queues is not None else None,

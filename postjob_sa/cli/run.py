@@ -12,10 +12,11 @@ from typing import Any, cast
 import click
 
 from postjob_sa.errors import InvalidArgument
-from postjob_sa.queue import DEFAULT_LEASE, JobQueue
+from postjob_sa.queue import JobQueue
 from postjob_sa.registry import default_registry
 from postjob_sa.worker import pooler
-from postjob_sa.worker.wakeup import relay_from_environment
+from postjob_sa.worker.options import DEFAULT_LEASE, WorkerOptions
+from postjob_sa.worker.wakeup import relay_from_environment, wakeup_url_of
 
 from . import _parse
 from ._env import App, parse_url
@@ -130,12 +131,16 @@ def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str
     waker = relay_from_environment()  # a child of a supervisor: it wakes this worker
     with app.session() as session, \
             metrics_served(metrics_port, app.engine, concurrency) as metrics_env:
-        queue = JobQueue(session, fast_mode=fast, lease=lease_seconds, batch_size=batch,
-                         concurrency=jobs_per_process, pooled=pooled, wakeup_url=wakeup_url,
-                         poll_interval=poll_seconds, job_context=job_context)
+        options = WorkerOptions(fast_mode=fast, lease=lease_seconds, batch=batch,
+                                concurrency=jobs_per_process, pooled=pooled,
+                                wakeup_url=None if wakeup_url is None
+                                else wakeup_url_of(wakeup_url),
+                                poll_interval=poll_seconds, count=count,
+                                queues=list(queues) or None, waker=waker)
+        queue = JobQueue(session, options=options, job_context=job_context)
         if concurrency > 1:
             if pooled is None:  # found out once, here: the workers are told
-                pooled = pooler.pooled(app.engine, queue.wakeup_url, poll_seconds)
+                pooled = pooler.pooled(app.engine, options.wakeup_url, poll_seconds)
             log.info("supervisor pid %d: starting %d workers (%s)", os.getpid(), concurrency,
                      app.display_url())
             argv = _child_argv(app, verbose, count, queues, modules, lease_seconds, batch, fast,
@@ -150,8 +155,7 @@ def run(app: App, count: int | None, queues: tuple[str, ...], modules: tuple[str
         log.info("worker pid %d started: queues %s, workflows %s, %d job(s) at once (%s)",
                  os.getpid(), ",".join(queues) or "all", names, jobs_per_process,
                  app.display_url())
-        done = queue._worker(count=count, batch=batch, queues=list(queues) or None,
-                             concurrency=jobs_per_process, waker=waker).run()
+        done = queue._worker().run()
         log.info("worker pid %d stopped after %d job(s)", os.getpid(), done)
 
 

@@ -48,6 +48,8 @@ class Worker:
         self.engine = engine
         self.registry = registry
         self.opts = options
+        #: a worker built on options that never found out (None) takes it for a direct one
+        self.pooled = pooled = options.pooled is True
         if options.transactional:
             self.lease_pairs: tuple[list[str], list[str]] = ([], [])
             tx = None
@@ -64,17 +66,17 @@ class Worker:
         self.keeper = Keeper(
             engine, self.recorder, lease=options.lease, identifier=options.identifier,
             revision=head_revision(), workflows=self.lease_pairs[0] + self.tx_pairs[0],
-            queues=options.queues, pooled=options.pooled,
+            queues=options.queues, pooled=pooled,
         )
         # periodic workflows: ticked by long-running workers (not by drain/step)
         self.scheduler = Scheduler(registry, [] if options.until_idle else options.workflows)
         self.tx_runner = TransactionalRunner(engine, registry, lease=options.lease,
-                                             fast_mode=options.fast_mode, pooled=options.pooled)
+                                             fast_mode=options.fast_mode, pooled=pooled)
         self.slots = (Slots(options.concurrency, engine, self.job_loop, self._on_done,
-                            lost=self.keeper.is_lost, pooled=options.pooled,
+                            lost=self.keeper.is_lost, pooled=pooled,
                             fast_mode=options.fast_mode)
                       if options.concurrency > 1 else None)
-        self.waker = options.waker or choose_waker(options.pooled, options.wakeup_url,
+        self.waker = options.waker or choose_waker(pooled, options.wakeup_url,
                                                    options.poll_interval, options.identifier)
         self.stopper = Stopper()
         self.unknown = UnknownWorkflows()  # due jobs no running worker knows: warn
@@ -127,7 +129,7 @@ class Worker:
         if self.conn is not None:
             return
         conn = Conn.open(self.engine, name=f"postjob worker {self.opts.identifier}",
-                         pooled=self.opts.pooled)
+                         pooled=self.pooled)
         try:
             check_revision(read_revision(conn.scalar), read_oldest_served(conn.scalar))
             if not self.opts.until_idle:
