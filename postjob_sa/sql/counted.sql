@@ -76,6 +76,34 @@ BEGIN
 END;
 $$;
 
+-- Lock up to p_limit jobs of one share (SKIP LOCKED): due ones of a queue, or with
+-- p_scheduled those of unlimited queues whose time has come. Two statements, not one with a
+-- CASE: each is served by its own partial index, where a generic plan of one statement
+-- could choose neither and would scan the table.
+CREATE OR REPLACE FUNCTION postjob._pick(
+  p_workflow varchar, p_version varchar, p_queue varchar, p_scheduled boolean,
+  p_queues text[], p_limit integer, p_now timestamptz)
+RETURNS bigint[]
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+BEGIN
+  IF p_scheduled THEN
+    RETURN ARRAY(
+      SELECT u.job_id FROM postjob.unfinished u
+      WHERE u.workflow = p_workflow AND u.workflow_version = p_version
+        AND NOT u.due AND u.run_at IS NOT NULL AND u.lease_token IS NULL AND u.run_at <= p_now
+        AND (u.timing_out_at IS NULL OR u.timing_out_at > p_now)
+        AND (p_queues IS NULL OR u.queue = ANY (p_queues))
+        AND NOT EXISTS (SELECT 1 FROM postjob.queue_limits l WHERE l.queue = u.queue)
+      ORDER BY u.priority DESC, u.run_at, u.job_id LIMIT p_limit FOR UPDATE SKIP LOCKED);
+  END IF;
+  RETURN ARRAY(
+    SELECT u.job_id FROM postjob.unfinished u
+    WHERE u.workflow = p_workflow AND u.workflow_version = p_version AND u.queue = p_queue
+      AND u.due AND u.lease_token IS NULL AND (u.timing_out_at IS NULL OR u.timing_out_at > p_now)
+    ORDER BY u.priority DESC, u.run_at, u.job_id LIMIT p_limit FOR UPDATE SKIP LOCKED);
+END;
+$$;
+
 -- See the top of this file. A limited queue's share is what it can lock of its places and
 -- starts (SKIP LOCKED: nothing locks the queue as a whole, so checkouts of several
 -- transactions never share a place and never wait for each other); each job it hands out
@@ -94,6 +122,7 @@ DECLARE
   v_limits postjob.queue_limits;
   v_taken bigint[] := '{}';
   v_got bigint[];
+  v_picked bigint[];
   v_slots integer[];
   v_starts integer[];
   v_left integer;
@@ -110,23 +139,13 @@ BEGIN
         FROM postjob._permits_lock(v_limits, v_left, v_now) p;
     END IF;
     CONTINUE WHEN v_left < 1;
-    WITH picked AS (
-      SELECT u.job_id FROM postjob.unfinished u
-      WHERE u.workflow = v_shares.workflow AND u.workflow_version = v_shares.workflow_version
-        AND u.lease_token IS NULL AND (u.timing_out_at IS NULL OR u.timing_out_at > v_now)
-        AND CASE WHEN v_shares.scheduled
-                 THEN NOT u.due AND u.run_at <= v_now
-                      AND (p_queues IS NULL OR u.queue = ANY (p_queues))
-                      AND NOT EXISTS (SELECT 1 FROM postjob.queue_limits l
-                                      WHERE l.queue = u.queue)
-                 ELSE u.due AND u.queue = v_shares.queue END
-      ORDER BY u.priority DESC, u.run_at, u.job_id
-      LIMIT v_left FOR UPDATE SKIP LOCKED
-    ), taken AS (
+    v_picked := postjob._pick(v_shares.workflow, v_shares.workflow_version, v_shares.queue,
+                              v_shares.scheduled, p_queues, v_left, v_now);
+    WITH taken AS (
       UPDATE postjob.unfinished u SET
         lease_token = p_token, worker_id = p_worker_id, holder = p_holder, started_at = v_now,
         lease_expires_at = v_now + p_lease * interval '1 second', due = true, woken = false
-      WHERE u.job_id = ANY (ARRAY(SELECT p.job_id FROM picked p))
+      WHERE u.job_id = ANY (v_picked)
       RETURNING u.job_id
     )
     SELECT COALESCE(array_agg(t.job_id ORDER BY t.job_id), '{}') INTO v_got FROM taken t;

@@ -4,8 +4,8 @@ due later at many priorities, jobs in a durable sleep or waiting for an event, a
 not serve, a limited queue at its cap.
 
 Counted, not timed: the buffers a call reads (every relation of the schema, tables and
-indexes, from the transaction's own statistics), for a checkout of 1 and of 100 and for the
-idle wait, against the same call with nothing beside. Each call runs in a transaction rolled
+indexes, from the transaction's own statistics), for a worker's checkout of 1 and of 100, the
+same through the API (which takes a counted path of its own) and for the idle wait, against the same call with nothing beside. Each call runs in a transaction rolled
 back, so every one finds the same jobs."""
 
 from __future__ import annotations
@@ -27,6 +27,12 @@ BLOCKS = text(
 CHECKOUT = text(
     "SELECT id FROM postjob.checkout_v4(NULL, NULL, ARRAY[:w], ARRAY[''], "
     "CAST(:queues AS text[]), :limit, 60, false, false, true)"
+)
+#: A checkout through the API (JobQueue.checkout: it names its holder, and takes the jobs whose
+#: time has come that no worker made due).
+CHECKOUT_API = text(
+    "SELECT id FROM postjob.checkout_v4(NULL, 'app', ARRAY[:w], ARRAY[''], "
+    "CAST(:queues AS text[]), :limit, 60, true, false, false)"
 )
 IDLE = text("SELECT postjob.worker_idle_v2(NULL, ARRAY[:w], ARRAY[''], CAST(:queues AS text[]), "
             "false)")
@@ -108,6 +114,8 @@ def _costs(engine: Engine, shape: str) -> dict[str, int]:
     queues = [Q] if shape in SERVES_ONE_QUEUE else None
     out: dict[str, int] = {}
     for name, statement, limit in (("checkout 1", CHECKOUT, 1), ("checkout 100", CHECKOUT, 100),
+                                   ("API checkout 1", CHECKOUT_API, 1),
+                                   ("API checkout 100", CHECKOUT_API, 100),
                                    ("idle wait", IDLE, 0)):
         with engine.connect() as conn:
             conn.execute(CHECKOUT, {"w": W, "queues": queues, "limit": 1})  # plans cached

@@ -288,6 +288,7 @@ DROP FUNCTION postjob._sleep_woken(bigint, bigint, boolean);
 DROP FUNCTION postjob._outcome_next(text, double precision, postjob.statuses, boolean, integer,
                                     integer, timestamptz);
 DROP FUNCTION postjob._permits_lock(postjob.queue_limits, integer, timestamptz);
+DROP FUNCTION postjob._pick(varchar, varchar, varchar, boolean, text[], integer, timestamptz);
 DROP FUNCTION postjob._free_places(bigint[]);
 DROP FUNCTION postjob._lock_family(bigint[], bigint[]);
 DROP FUNCTION postjob._tell_family(bigint[], bigint[]);
