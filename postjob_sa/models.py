@@ -30,7 +30,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.ext.hybrid import hybrid_property
-from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, configure_mappers, mapped_column, relationship
+from sqlalchemy.orm.attributes import instance_dict
 
 from postjob_sa import _tracing
 from postjob_sa._schema_base import (
@@ -177,6 +178,24 @@ class Job(Base):
         Index("postjobs_errors_idx", "id", postgresql_where=text("error IS NOT NULL")),
         {"schema": SCHEMA},
     )
+
+    def __init__(self, **values: Any) -> None:
+        """``Job(workflow=..., args=[...], ...)``: the columns by name (``status`` sets the
+        recorded status)."""
+        if "status" in values:  # not through the hybrid: its class expression is built per look
+            values["recorded_status"] = values.pop("status")
+        super().__init__(**values)
+
+    @classmethod
+    def _as_written(cls, values: dict[str, Any]) -> Job:
+        """A persistent-to-be Job holding these values as loaded (no history, nothing to
+        flush), for a row a statement of ours just wrote; what is not given loads on first
+        access (``make_transient_to_detached`` expires it)."""
+        if not cls.__mapper__.configured:  # what a constructor's first call does
+            configure_mappers()
+        job: Job = cls.__mapper__.class_manager.new_instance()
+        instance_dict(job).update(values)
+        return job
 
     @hybrid_property
     def status(self) -> Status:

@@ -15,7 +15,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session, make_transient_to_detached, scoped_session
-from sqlalchemy.orm.attributes import set_committed_value
 from typing_extensions import Unpack
 
 from postjob_sa import _backoff, _metrics, _sql, _tracing, _validate
@@ -242,13 +241,14 @@ class JobQueue(JobOperations):
         # A persistent Job without another query: what the caller is likely to read is set,
         # the rest (timestamps, ...) loads on first access.
         root_id, full_id = (row.id, str(row.id)) if parent_id is None else (row.root_id, row.full_id)
-        job = Job(
-            id=row.id, parent_id=parent_id, root_id=root_id, full_id=full_id,
-            workflow=name, args=json.loads(args_json), queue=opts["queue"], status=Status.ready,
-            workflow_version=opts["workflow_version"], max_attempts=opts["max_attempts"],
-            priority=params["priority"], unique_key=params["unique_key"],
-        )
-        set_committed_value(job, "unfinished", None)  # not running: no need to load its row
+        job = Job._as_written({
+            "id": row.id, "parent_id": parent_id, "root_id": root_id, "full_id": full_id,
+            "workflow": name, "args": json.loads(args_json), "queue": opts["queue"],
+            "recorded_status": Status.ready, "workflow_version": opts["workflow_version"],
+            "max_attempts": opts["max_attempts"], "priority": params["priority"],
+            "unique_key": params["unique_key"],
+            "unfinished": None,  # not running: no need to load its row
+        })
         make_transient_to_detached(job)
         self.session.add(job)
         _metrics.enqueued(name, opts["queue"])
