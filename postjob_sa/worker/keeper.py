@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from sqlalchemy import Engine
 
@@ -92,12 +93,19 @@ class _Duty:
                 self._pause_until = time.monotonic() + RETRY_DELAY
 
 
+class Companion(Protocol):
+    """A duty of another module that starts and stops with the keeper's (the upkeep's)."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
 class Keeper:
     """Registration, heartbeat and background flushes of one worker."""
 
     def __init__(self, engine: Engine, recorder: Recorder, *, lease: float, identifier: str,
                  revision: str, workflows: list[str], queues: list[str] | None,
-                 pooled: bool = False):
+                 pooled: bool = False, companions: Sequence[Companion] = ()):
         self.engine = engine
         self.recorder = recorder
         self.held: HeldJobs = recorder.held
@@ -116,6 +124,7 @@ class Keeper:
                                 pooled)
         self._flusher = _Duty("postjob-flusher", engine, f"postjob flusher {identifier}",
                               self._flush_due_in, self._flush_aged, pooled)
+        self.companions = list(companions)
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -181,12 +190,16 @@ class Keeper:
     def start(self) -> None:
         self._heartbeat.start()
         self._flusher.start()
+        for companion in self.companions:
+            companion.start()
 
     def nudge(self) -> None:
         """An outcome was buffered: make sure it is recorded within FLUSH_DELAY."""
         self._flusher.nudge()
 
     def stop(self) -> None:
+        for companion in self.companions:
+            companion.stop()
         self._flusher.stop()
         self._heartbeat.stop()
 
