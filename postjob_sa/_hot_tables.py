@@ -190,6 +190,11 @@ class Relation:
         return self.pages * max(1, (PAGE_BYTES - _PAGE_OVERHEAD[False])
                                 // (self.width + _ROW_OVERHEAD[False]))
 
+    @property
+    def live_at_most(self) -> int:
+        """The table's live rows as its statistics tell, bounded by what its pages hold."""
+        return min(self.live_rows, self.capacity)
+
     def swollen_past(self, live_rows: int) -> int:
         """The size past which this index is swollen, for a table of ``live_rows``: SWELL
         times what those rows and the dead rows of one vacuum cycle need."""

@@ -1,10 +1,13 @@
 """The upkeep: a worker keeps the hot tables small when autovacuum does not.
 
-Every :data:`INTERVAL` seconds a long-running worker's upkeep duty (a thread and a connection
-of its own, like the keeper's duties: the loop never waits for it) tries an advisory lock that
-one session of the whole fleet holds at a time; the one that gets it reads the state of the
-hot tables (``postjob_sa._hot_tables``: the statistics and the catalog, never the tables) and
-repairs what has swollen, without blocking a checkout:
+One long-running worker of the fleet at a time keeps them: its upkeep duty (a thread and a
+connection of its own, like the keeper's duties: the loop never waits for it) holds an
+advisory lock for as long as its connection lives, and every :data:`INTERVAL` seconds reads
+the state of the hot tables (``postjob_sa._hot_tables``: the statistics and the catalog,
+never the tables) and repairs what has swollen, without blocking a checkout. The other
+workers try the lock every :data:`FOLLOWER_INTERVAL` seconds, on a connection they close
+again, so a fleet holds one connection for its upkeep and takes over within that time when
+the worker holding it goes. The repairs:
 
 * a table holding more dead rows than its threshold is vacuumed (``VACUUM (INDEX_CLEANUP
   ON)``, with ``ANALYZE`` when its statistics are old): it takes no lock that a checkout
@@ -40,14 +43,16 @@ log = logging.getLogger("postjob_sa.upkeep")
 
 #: Whether long-running workers keep the hot tables (a switch for benchmarks and tests).
 ENABLED = True
-#: Seconds between two looks at the hot tables (by each worker; one at a time looks).
+#: Seconds between two looks at the hot tables, by the worker that holds the lock.
 INTERVAL = 5.0
+#: Seconds between two tries of the lock, by each of the others.
+FOLLOWER_INTERVAL = 60.0
 #: After a repair failed, the relation is left alone this long.
 RETRY_AFTER = 600.0
 
-#: One upkeep at a time across every worker of the database: class 'pjup', key 1.
+#: One upkeep at a time across every worker of the database: class 'pjup', key 1, held by
+#: a session for as long as it lives (a connection lost releases it).
 LOCK_TRY = "SELECT pg_try_advisory_lock(1886025072, 1)"
-LOCK_RELEASE = "SELECT pg_advisory_unlock(1886025072, 1)"
 #: The repair statements, written by the server around a relation's name (a regclass: it
 #: exists, and is quoted as it must be); no name from elsewhere reaches them.
 VACUUM_STATEMENT = "SELECT format('VACUUM (INDEX_CLEANUP ON) %%s', %(name)s::regclass)"
@@ -96,6 +101,8 @@ class Upkeep:
         self._held_by: int | None = None  # the pid named as holding vacuum back
         self._failed: dict[str, float] = {}  # relation -> monotonic time to try again
         self._busy: Conn | None = None  # the connection of the statement running now
+        self._leading: Conn | None = None  # the connection that holds the lock
+        self._stopping = False
         self._busy_lock = threading.Lock()
         self._duty = _Duty("postjob-upkeep", engine, f"postjob upkeep {identifier}",
                            lambda: self._next - time.monotonic(), self._look_quietly,
@@ -108,6 +115,7 @@ class Upkeep:
     def stop(self) -> None:
         """Stop; a repair under way is cancelled (what it leaves is dropped by the next)."""
         with self._busy_lock:
+            self._stopping = True
             busy = self._busy
         if busy is not None:
             try:
@@ -122,15 +130,18 @@ class Upkeep:
     # -- one look ------------------------------------------------------------------------------
 
     def look(self, conn: Conn) -> list[str]:
-        """If no other session is looking: read the hot tables' state and repair what has
-        swollen. Returns the lines logged."""
+        """If this worker holds the lock or gets it: read the hot tables' state and repair
+        what has swollen. Returns the lines logged. A worker that does not get the lock closes
+        ``conn`` (its duty opens another for the next try)."""
+        if self._leading is not conn or conn.closed:
+            self._leading = None
+            if not conn.scalar(LOCK_TRY):
+                self._next = time.monotonic() + FOLLOWER_INTERVAL
+                conn.close()
+                return []
+            self._leading = conn
         self._next = time.monotonic() + INTERVAL
-        if not conn.scalar(LOCK_TRY):
-            return []
-        try:
-            return self._repair(conn)
-        finally:
-            conn.scalar(LOCK_RELEASE)
+        return self._repair(conn)
 
     def _repair(self, conn: Conn) -> list[str]:
         relations = [hot.Relation.of(r) for r in conn.rows(hot.HOT_RELATIONS_STATE, hot.PARAMS)]
@@ -157,7 +168,7 @@ class Upkeep:
             table = tables[rel.table]
             if rel.name in self._advised:
                 continue  # said once what to run; nothing else to do here
-            if rel.swollen(min(table.live_rows, table.capacity)):  # so it seems: count
+            if rel.swollen(table.live_at_most):  # so it seems: count them to be sure
                 if rel.table not in counted:
                     counted[rel.table] = int(conn.scalar(conn.scalar(
                         COUNT_STATEMENT, {"name": rel.table})))
@@ -184,8 +195,8 @@ class Upkeep:
             line = (f"upkeep: the hot tables are not vacuumed while the transaction of pid "
                     f"{old['pid']} ({old['usename']}, {old['application_name'] or 'no name'}, "
                     f"{old['state']}, open since {old['xact_start'].isoformat(timespec='seconds')}"
-                    f": {old['query']}) holds back what VACUUM may remove; end it "
-                    f"(SELECT pg_terminate_backend({old['pid']})) if it is stuck")
+                    f": {old['query']}) holds back what VACUUM may remove; end it with "
+                    f"pg_terminate_backend({old['pid']}) if it is stuck")
             log.warning(line)
             lines.append(line)
         return True
@@ -214,7 +225,7 @@ class Upkeep:
     def _act(self, conn: Conn, rel: hot.Relation, statement: str,
              report: Callable[[float], str]) -> list[str]:
         """Run one repair of ``rel`` (or say once what to run, when this role may not)."""
-        if time.monotonic() < self._failed.get(rel.name, 0.0):
+        if self._stopping or time.monotonic() < self._failed.get(rel.name, 0.0):
             return []
         repair = str(conn.scalar(statement, {"name": rel.name}))
         if not rel.owned:
@@ -222,11 +233,16 @@ class Upkeep:
         started = time.monotonic()
         try:
             with self._busy_lock:
+                if self._stopping:  # stop() has come: it cancels only what started before
+                    return []
                 self._busy = conn
             conn.rows(repair)
         except Exception as exc:
             if sqlstate(exc) == "42501":  # insufficient privilege after all
                 return self._advise(conn, rel, repair)
+            if self._stopping:
+                log.info("upkeep: %s interrupted: the worker stops", repair)
+                return []
             self._failed[rel.name] = time.monotonic() + RETRY_AFTER
             line = (f"upkeep: {repair} failed (left alone for {RETRY_AFTER:.0f} s): "
                     + " ".join(str(exc).split())[:300])
