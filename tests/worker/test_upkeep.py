@@ -218,6 +218,22 @@ def test_dead_rows_are_vacuumed_and_so_are_those_a_vacuum_lost_count_of(
     assert any(line.startswith(f"upkeep: vacuumed {table}") for line in second), (dead, second)
 
 
+def test_what_a_burst_left_below_the_threshold_is_vacuumed_a_minute_later(
+    admin: Engine, conns: Callable[..., Conn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst that ends leaves dead rows that no threshold reaches while the queue is quiet:
+    the upkeep vacuums a table holding any once VACUUM_EVERY has passed since its last."""
+    table = hot.HOT_TABLES[0]
+    vacuum_hot_tables(admin)
+    churn(admin, 2_000)  # a fifth of the threshold
+    upkeep, conn = upkeep_of(admin), conns(admin)
+    assert not [line for line in upkeep.look(conn) if line.startswith(f"upkeep: vacuumed {table}")]
+    monkeypatch.setattr(hot, "VACUUM_EVERY", 0.5)
+    time.sleep(1)
+    lines = upkeep.look(conn)
+    assert any(line.startswith(f"upkeep: vacuumed {table}") for line in lines), lines
+
+
 # -- repairs beside the queue's work -------------------------------------------------------------
 
 LEFTOVERS = text(
