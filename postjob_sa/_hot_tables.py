@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Connection
+
 #: The tables every job inserts a row into and deletes it from.
 HOT_TABLES = ("postjob.waiting", "postjob.leases")
 #: The job record. Its updates are HOT, so it needs no help to stay small, but the plans the
@@ -81,6 +83,7 @@ HOT_RELATIONS_STATE = (
     "statement_timestamp() AS read_at, "
     "tc.reltuples::bigint AS analyzed_rows, "
     "pg_has_role(c.relowner, 'USAGE') AS owned, "
+    "current_setting('autovacuum')::boolean AS autovacuum_on, "
     "current_setting('autovacuum')::boolean AND current_setting('track_counts')::boolean "
     "AND COALESCE((SELECT o.option_value FROM pg_options_to_table(tc.reloptions) o "
     "  WHERE o.option_name = 'autovacuum_enabled'), 'on')::boolean AS autovacuum, "
@@ -120,12 +123,13 @@ class Relation:
     read_at: datetime
     analyzed_rows: int
     owned: bool
+    autovacuum_on: bool
     autovacuum: bool
     fillfactor: int
     width: int
 
     @classmethod
-    def of(cls, row: Mapping[str, Any]) -> Relation:
+    def of(cls, row: Mapping[Any, Any]) -> Relation:
         return cls(
             table=row["table_name"], name=row["relation"], is_record=bool(row["is_record"]),
             is_index=bool(row["is_index"]),
@@ -137,7 +141,7 @@ class Relation:
             changed_rows=int(row["changed_rows"] or 0),
             killed_rows=int(row["killed_rows"] or 0), read_at=row["read_at"],
             analyzed_rows=max(0, int(row["analyzed_rows"] or 0)), owned=bool(row["owned"]),
-            autovacuum=bool(row["autovacuum"]), fillfactor=int(row["fillfactor"]),
+            autovacuum_on=bool(row["autovacuum_on"]), autovacuum=bool(row["autovacuum"]), fillfactor=int(row["fillfactor"]),
             width=int(row["width"]),
         )
 
@@ -206,3 +210,51 @@ class Relation:
 
 #: The parameters of HOT_RELATIONS_STATE.
 PARAMS = {"tables": list(HOT_TABLES), "record": RECORD_TABLE}
+
+
+def read(conn: Connection) -> list[Relation]:
+    """The hot tables' state, on a SQLAlchemy connection (ps, the dashboard, the metrics)."""
+    return [Relation.of(r) for r in conn.exec_driver_sql(HOT_RELATIONS_STATE, PARAMS).mappings()]
+
+
+def size_text(n: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def warnings(relations: list[Relation]) -> list[str]:
+    """What ``postjob ps``, ``ps top`` and the dashboard say about the hot tables, one line
+    each, nothing when all is well: autovacuum off; a hot table holding more dead rows than
+    the upkeep lets it hold, which autovacuum has not visited for UNVISITED_SECONDS; an index
+    swollen past what its table's pages could hold (a backlog's, that nothing rebuilt)."""
+    out: list[str] = []
+    tables = {r.name: r for r in relations if not r.is_index}
+    hot = [t for t in tables.values() if not t.is_record]
+    if hot and not hot[0].autovacuum_on:
+        out.append("autovacuum is off: only the workers' upkeep vacuums the hot tables (where "
+                   "their role owns them), and nothing vacuums the job record; turn it on: "
+                   "ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf()")
+    else:
+        out += [f"autovacuum is off for {t.name}: ALTER TABLE {t.name} RESET "
+                "(autovacuum_enabled)" for t in tables.values() if not t.autovacuum]
+    for t in hot:
+        if t.dead_rows < t.vacuum_due_at:
+            continue
+        last = t.last_autovacuum
+        ago = None if last is None else (t.read_at - last).total_seconds()
+        if ago is None or ago > UNVISITED_SECONDS:
+            when = "ever" if ago is None else f"for {ago / 60:.0f} min"
+            out.append(f"{t.name} holds {t.dead_rows:,} dead rows beside {t.live_rows:,} live "
+                       f"ones and autovacuum has not visited it {when}: every checkout steps "
+                       f"over them; as its owner: VACUUM (INDEX_CLEANUP ON) {t.name}, and see "
+                       "why autovacuum lags (docs/operations.md, Hot tables)")
+    for i in relations:
+        table = tables.get(i.table)
+        if table is not None and i.swollen(table.capacity):
+            out.append(f"{i.name} is swollen: {size_text(i.bytes)}, where its table's rows "
+                       f"need at most {size_text(i.bytes_for(table.capacity))}; as its owner: "
+                       f"REINDEX INDEX CONCURRENTLY {i.name} (a running worker whose role "
+                       "owns it does so itself)")
+    return out

@@ -82,13 +82,6 @@ RELATION_SIZE = "SELECT pg_relation_size(%(name)s::regclass)"
 LEFTOVER_MARK = "_ccnew"
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
 class Upkeep:
     """The upkeep duty of one worker (see the module's docstring)."""
 
@@ -181,7 +174,7 @@ class Upkeep:
             return []  # being built now: not a leftover (yet)
         return self._act(conn, rel, DROP_INDEX_STATEMENT, lambda s: (
             f"upkeep: dropped {rel.name}, an invalid index an interrupted REINDEX "
-            f"CONCURRENTLY left ({_size(rel.bytes)}), in {s:.2f} s"))
+            f"CONCURRENTLY left ({hot.size_text(rel.bytes)}), in {s:.2f} s"))
 
     def _held_back(self, conn: Conn, lines: list[str]) -> bool:
         """Whether an old transaction holds back what VACUUM may remove (said once per pid)."""
@@ -219,7 +212,7 @@ class Upkeep:
         def done(seconds: float) -> str:
             after = conn.scalar(RELATION_SIZE, {"name": rel.name})
             return (f"upkeep: rebuilt {rel.name} concurrently in {seconds:.2f} s: "
-                    f"{_size(rel.bytes)} -> {_size(int(after))} for {live_rows:,} live rows")
+                    f"{hot.size_text(rel.bytes)} -> {hot.size_text(int(after))} for {live_rows:,} live rows")
         return self._act(conn, rel, REINDEX_STATEMENT, done)
 
     def _act(self, conn: Conn, rel: hot.Relation, statement: str,
@@ -259,7 +252,7 @@ class Upkeep:
         if rel.name in self._advised:
             return []
         self._advised.add(rel.name)
-        what = (f"is swollen ({_size(rel.bytes)})" if rel.is_index
+        what = (f"is swollen ({hot.size_text(rel.bytes)})" if rel.is_index
                 else f"holds {rel.dead_rows:,} dead rows")
         line = (f"upkeep: {rel.name} {what}, and this worker's role {conn.scalar(ROLE)} may "
                 f"not repair it (only its owner may): run, as its owner: {repair}")

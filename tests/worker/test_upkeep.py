@@ -9,6 +9,7 @@ whatever the hot tables are (postjob_sa._hot_tables)."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -460,3 +461,30 @@ def test_a_running_worker_keeps_the_tables(
         worker.stopper.request("the test is over")
         thread.join(15)
     assert not thread.is_alive()
+
+
+# -- what operators see --------------------------------------------------------------------------
+
+
+def test_ps_and_top_warn_that_autovacuum_is_off_and_name_a_table_it_never_visited(
+    admin: Engine, db_url: URL
+) -> None:
+    from tests.cli.test_cli_db import postjob
+    from tests.conftest import url_string
+
+    table = hot.HOT_TABLES[0]
+    churn(admin, 12_000)  # past the real threshold, and the test server has no autovacuum
+    time.sleep(1.2)  # the statistics of the last connections are in
+    url = url_string(db_url)
+    listed = postjob("ps", url=url)
+    assert listed.returncode == 0, listed.stderr
+    warned = [line for line in listed.stderr.splitlines() if line.startswith("warning: ")]
+    assert any("autovacuum is off" in w and "ALTER SYSTEM SET autovacuum = on" in w
+               for w in warned), listed.stderr
+    assert any(w.startswith(f"warning: {table} holds ") and "has not visited it ever" in w
+               for w in warned), listed.stderr
+    assert "warning" not in listed.stdout  # what scripts read stays the table
+    as_json = json.loads(postjob("ps", "--json", url=url).stdout)
+    assert len(as_json["warnings"]) == len(warned), as_json["warnings"]
+    top = postjob("ps", "top", "--iterations", "1", url=url)
+    assert "autovacuum is off" in top.stdout and f"{table} holds " in top.stdout, top.stdout
