@@ -100,13 +100,15 @@ def start_fleet(url: str, args: argparse.Namespace, fleet: Fleet | None = None,
 
 
 def sustainable_rate(pg: ScratchCluster, args: argparse.Namespace) -> float:
-    """Jobs per second the workers drain flat out (a database of its own, dropped after)."""
+    """Jobs per second the workers drain flat out: ``--calibrate`` jobs committed at once while
+    they wait, timed from the commit to the last run (a database of its own, dropped after)."""
     url = new_database(pg, "calibrate", args.sql)
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
     import postjob_sa
 
+    fleet = start_fleet(url, args)
     engine = create_engine(url.replace("postgresql://", "postgresql+psycopg2://", 1))
     with Session(engine) as session:
         queue = postjob_sa.JobQueue(session)
@@ -114,9 +116,8 @@ def sustainable_rate(pg: ScratchCluster, args: argparse.Namespace) -> float:
             n = min(10_000, args.calibrate - start)
             queue.enqueue_many(soak_app.JOB, [[k] for k in range(start, start + n)])
         session.commit()
+        t0 = time.monotonic()
     engine.dispose()
-    fleet = start_fleet(url, args)
-    t0 = time.monotonic()
     fleet.wait_runs(args.calibrate, timeout=600)
     rate = args.calibrate / (time.monotonic() - t0)
     fleet.stop_workers()

@@ -200,12 +200,18 @@ class Relation:
         return min(self.live_rows, self.capacity)
 
     def swollen_past(self, live_rows: int) -> int:
-        """The size past which this index is swollen, for a table of ``live_rows``: SWELL
+        """The size past which this relation is swollen, for a table of ``live_rows``: SWELL
         times what those rows and the dead rows of one vacuum cycle need."""
         return max(MIN_SWOLLEN_BYTES, int(SWELL * self.bytes_for(live_rows + DEAD_ROWS)))
 
     def swollen(self, live_rows: int) -> bool:
+        """An index swollen past what ``live_rows`` need."""
         return self.is_index and self.valid and self.bytes > self.swollen_past(live_rows)
+
+    def heap_swollen(self, live_rows: int) -> bool:
+        """A hot table whose pages are swollen past what ``live_rows`` need (a backlog's: only
+        a VACUUM that gives back the empty pages at its end shrinks it)."""
+        return not (self.is_index or self.is_record) and self.bytes > self.swollen_past(live_rows)
 
 
 #: The parameters of HOT_RELATIONS_STATE.

@@ -55,8 +55,14 @@ RETRY_AFTER = 600.0
 LOCK_TRY = "SELECT pg_try_advisory_lock(1886025072, 1)"
 #: The repair statements, written by the server around a relation's name (a regclass: it
 #: exists, and is quoted as it must be); no name from elsewhere reaches them.
-VACUUM_STATEMENT = "SELECT format('VACUUM (INDEX_CLEANUP ON) %%s', %(name)s::regclass)"
-VACUUM_ANALYZE_STATEMENT = (
+#: VACUUM, with ANALYZE when asked, and without giving back the empty pages at the table's
+#: end unless asked (that takes an ACCESS EXCLUSIVE lock, however briefly: a checkout would
+#: wait for it; asked only of a table swollen past its live rows, after a backlog).
+VACUUM_STATEMENT = (
+    "SELECT format('VACUUM (INDEX_CLEANUP ON%%s%%s) %%s', "
+    "CASE WHEN %(analyze)s THEN ', ANALYZE' ELSE '' END, "
+    "CASE WHEN %(truncate)s THEN '' ELSE ', TRUNCATE false' END, %(name)s::regclass)")
+ANALYZE_STATEMENT = (
     "SELECT format('VACUUM (INDEX_CLEANUP ON, ANALYZE) %%s', %(name)s::regclass)")
 ANALYZE_STATEMENT = "SELECT format('ANALYZE %%s', %(name)s::regclass)"
 REINDEX_STATEMENT = "SELECT format('REINDEX INDEX CONCURRENTLY %%s', %(name)s::regclass)"
@@ -142,6 +148,15 @@ class Upkeep:
         for rel in relations:
             if rel.is_index and not rel.valid and LEFTOVER_MARK in rel.name:
                 lines += self._drop_leftover(conn, rel)
+        tables = {rel.name: rel for rel in relations if not rel.is_index}
+        counted: dict[str, int] = {}
+
+        def live(table: hot.Relation) -> int:  # counted once per look, when needed
+            if table.name not in counted:
+                counted[table.name] = int(conn.scalar(conn.scalar(
+                    COUNT_STATEMENT, {"name": table.name})))
+            return counted[table.name]
+
         held = None
         for rel in relations:
             dead = self._kills.since_vacuum(rel)
@@ -151,22 +166,18 @@ class Upkeep:
                     continue
                 analyze = rel.last_analyze is None or (
                     (rel.read_at - rel.last_analyze).total_seconds() > hot.ANALYZE_EVERY)
+                truncate = rel.heap_swollen(rel.live_at_most) and rel.heap_swollen(live(rel))
                 self._kills.vacuuming(rel)
-                lines += self._vacuum(conn, rel, dead, analyze)
+                lines += self._vacuum(conn, rel, dead, analyze, truncate)
             elif rel.needs_analyze:
                 lines += self._analyze(conn, rel)
-        tables = {rel.name: rel for rel in relations if not rel.is_index}
-        counted: dict[str, int] = {}
         for rel in relations:
             table = tables[rel.table]
             if rel.name in self._advised:
                 continue  # said once what to run; nothing else to do here
-            if rel.swollen(table.live_at_most):  # so it seems: count them to be sure
-                if rel.table not in counted:
-                    counted[rel.table] = int(conn.scalar(conn.scalar(
-                        COUNT_STATEMENT, {"name": rel.table})))
-                if rel.swollen(counted[rel.table]):
-                    lines += self._reindex(conn, rel, counted[rel.table])
+            # so it seems from the statistics; counted, to be sure
+            if rel.swollen(table.live_at_most) and rel.swollen(live(table)):
+                lines += self._reindex(conn, rel, live(table))
         return lines
 
     def _drop_leftover(self, conn: Conn, rel: hot.Relation) -> list[str]:
@@ -194,14 +205,18 @@ class Upkeep:
             lines.append(line)
         return True
 
-    def _vacuum(self, conn: Conn, rel: hot.Relation, dead: int, analyze: bool) -> list[str]:
+    def _vacuum(self, conn: Conn, rel: hot.Relation, dead: int, analyze: bool,
+                truncate: bool) -> list[str]:
         why = "autovacuum is off" if not rel.autovacuum else (
             "autovacuum last visited " + (rel.last_autovacuum.isoformat(timespec="seconds")
                                           if rel.last_autovacuum else "never"))
-        statement = VACUUM_ANALYZE_STATEMENT if analyze else VACUUM_STATEMENT
-        return self._act(conn, rel, statement, lambda s: (
-            f"upkeep: vacuumed {rel.name}{' and analyzed it' if analyze else ''} in {s:.2f} s: "
-            f"{dead:,} dead rows beside {rel.live_rows:,} live ones ({why})"))
+        done = " and analyzed it" if analyze else ""
+        done += f", giving back its empty pages ({hot.size_text(rel.bytes)} before)" \
+            if truncate else ""
+        return self._act(conn, rel, VACUUM_STATEMENT, lambda s: (
+            f"upkeep: vacuumed {rel.name}{done} in {s:.2f} s: "
+            f"{dead:,} dead rows beside {rel.live_rows:,} live ones ({why})"),
+            analyze=analyze, truncate=truncate)
 
     def _analyze(self, conn: Conn, rel: hot.Relation) -> list[str]:
         return self._act(conn, rel, ANALYZE_STATEMENT, lambda s: (
@@ -216,11 +231,11 @@ class Upkeep:
         return self._act(conn, rel, REINDEX_STATEMENT, done)
 
     def _act(self, conn: Conn, rel: hot.Relation, statement: str,
-             report: Callable[[float], str]) -> list[str]:
+             report: Callable[[float], str], **params: object) -> list[str]:
         """Run one repair of ``rel`` (or say once what to run, when this role may not)."""
         if self._stopping or time.monotonic() < self._failed.get(rel.name, 0.0):
             return []
-        repair = str(conn.scalar(statement, {"name": rel.name}))
+        repair = str(conn.scalar(statement, {"name": rel.name, **params}))
         if not rel.owned:
             return self._advise(conn, rel, repair)
         started = time.monotonic()

@@ -33,6 +33,7 @@ from postjob_sa.worker.upkeep import Upkeep
 pytestmark = pytest.mark.both_drivers
 
 W = "upkeep.w"
+STANDING = "upkeep.standing"  # jobs that wait while others pass through
 
 ENQUEUE = text(
     "INSERT INTO postjob.postjobs (workflow, queue, next_run_at) "
@@ -233,6 +234,40 @@ def test_what_a_burst_left_below_the_threshold_is_vacuumed_a_minute_later(
     time.sleep(1)
     lines = upkeep.look(conn)
     assert any(line.startswith(f"upkeep: vacuumed {table}") for line in lines), lines
+
+
+def test_a_routine_vacuum_takes_no_lock_a_checkout_would_wait_for(
+    admin: Engine, conns: Callable[..., Conn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Giving back the empty pages at a table's end takes an ACCESS EXCLUSIVE lock: a routine
+    VACUUM of the upkeep does not (with a checkout under way, it would try for 5 s)."""
+    monkeypatch.setattr(hot, "DEAD_ROWS", 1_000)
+    sql(admin, ENQUEUE, w=STANDING, n=2_000)
+    churn(admin, 3_000)  # their rows' pages, now empty, end the table
+    held = HeldSnapshot(admin)  # a checkout's transaction, under way
+    try:
+        started = time.monotonic()
+        lines = upkeep_of(admin).look(conns(admin))
+        took = time.monotonic() - started
+    finally:
+        held.end()
+    assert any(line.startswith(f"upkeep: vacuumed {hot.HOT_TABLES[0]} ") for line in lines)
+    assert took < 3, f"the look took {took:.1f} s: the VACUUM waited to truncate"
+
+
+def test_a_table_a_backlog_swelled_gets_its_empty_pages_back(
+    admin: Engine, conns: Callable[..., Conn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hot, "DEAD_ROWS", 1_000)
+    table = hot.HOT_TABLES[0]
+    sql(admin, ENQUEUE, w=STANDING, n=200)  # the first pages
+    churn(admin, 20_000)
+    before = sql(admin, PAGES, name=table)
+    lines = upkeep_of(admin).look(conns(admin))
+    assert any(line.startswith(f"upkeep: vacuumed {table} ") and "giving back its empty pages"
+               in line for line in lines), lines
+    after = sql(admin, PAGES, name=table)
+    assert after < before / 4, (before, after)
 
 
 # -- repairs beside the queue's work -------------------------------------------------------------
