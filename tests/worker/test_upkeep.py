@@ -259,6 +259,7 @@ def test_a_table_a_backlog_swelled_gets_its_empty_pages_back(
     admin: Engine, conns: Callable[..., Conn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(hot, "DEAD_ROWS", 1_000)
+    monkeypatch.setattr(hot, "SWELL", 2.0)
     table = hot.HOT_TABLES[0]
     sql(admin, ENQUEUE, w=STANDING, n=200)  # the first pages
     churn(admin, 20_000)
