@@ -471,7 +471,8 @@ def test_a_role_that_does_not_own_the_tables_is_told_once_what_to_run(
     upkeep, conn = upkeep_of(role_engine), conns(role_engine)
     lines = upkeep.look(conn)
     advice = {line.split("run, as its owner: ", 1)[1] for line in lines}
-    assert f"VACUUM (INDEX_CLEANUP ON) {table}" in advice, lines
+    assert any(a.startswith("VACUUM (INDEX_CLEANUP ON") and a.endswith(f") {table}")
+               for a in advice), lines
     assert f"REINDEX INDEX CONCURRENTLY {swollen}" in advice, lines
     for line in lines:
         assert "\n" not in line and "may not repair it (only its owner may)" in line, line
