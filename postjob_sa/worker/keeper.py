@@ -12,6 +12,9 @@ only the worker's own row and extends the leases of the job rows it can lock at 
 
 A job whose worker beats is never reaped; a worker whose heartbeat could not reach the database
 for a whole lease is presumed dead, its jobs are rescued, and the keeper reports them as lost.
+
+Duties of other modules start and stop with these (``companions``: the upkeep of the hot
+tables, ``postjob_sa.worker.upkeep``).
 """
 
 from __future__ import annotations

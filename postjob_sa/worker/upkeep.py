@@ -62,8 +62,6 @@ VACUUM_STATEMENT = (
     "SELECT format('VACUUM (INDEX_CLEANUP ON%%s%%s) %%s', "
     "CASE WHEN %(analyze)s THEN ', ANALYZE' ELSE '' END, "
     "CASE WHEN %(truncate)s THEN '' ELSE ', TRUNCATE false' END, %(name)s::regclass)")
-ANALYZE_STATEMENT = (
-    "SELECT format('VACUUM (INDEX_CLEANUP ON, ANALYZE) %%s', %(name)s::regclass)")
 ANALYZE_STATEMENT = "SELECT format('ANALYZE %%s', %(name)s::regclass)"
 REINDEX_STATEMENT = "SELECT format('REINDEX INDEX CONCURRENTLY %%s', %(name)s::regclass)"
 COUNT_STATEMENT = "SELECT format('SELECT count(*) FROM %%s', %(name)s::regclass)"
