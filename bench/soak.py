@@ -40,6 +40,7 @@ from bench.harness.soakfleet import (
     drop_files,
     rows,
 )
+from postjob_sa import _hot_tables
 
 WORKERS_UP = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
               "AND application_name LIKE 'postjob worker %'")
@@ -146,6 +147,9 @@ def _line(t: float, r: dict[str, Any], hot: list[str]) -> str:
             cell += f" {rel['n_dead_tup'] or 0:7d} {rel['autovacuum_count'] or 0:3d}" \
                     f"/{rel['vacuum_count'] or 0:<3d}"
         cells.append(cell)
+    record = r["relations"].get(_hot_tables.RECORD_TABLE.split(".", 1)[1])
+    if record is not None:  # the job record grows with the jobs kept: by design
+        cells.append(f"{record['bytes'] / 2**20:8.1f}")
     top = sorted(r["blocks_per_job"].items(), key=lambda kv: -kv[1])[:3]
     cells.append("  " + " ".join(f"{n}:{v:.1f}" for n, v in top))
     return " ".join(cells)
@@ -157,7 +161,7 @@ def soak(pg: ScratchCluster, args: argparse.Namespace, rate: float) -> dict[str,
     hot = Relations.read(url).hot()
     log("     t  jobs/s  p50 ms   max ms  pend  " + "  ".join(
         f"{n} kB" + (" dead av/vac" if Relations.read(url).by_name[n]["relkind"] == "r" else "")
-        for n in hot))
+        for n in hot) + "  record MB  most read per job")
     fleet.start_producer(rate)
     fleet.start_prober()
     t0 = time.monotonic()

@@ -83,12 +83,14 @@ HOT_RELATIONS_STATE = (
     "statement_timestamp() AS read_at, "
     "tc.reltuples::bigint AS analyzed_rows, "
     "pg_has_role(c.relowner, 'USAGE') AS owned, "
-    "current_setting('autovacuum')::boolean AS autovacuum_on, "
     "current_setting('autovacuum')::boolean AND current_setting('track_counts')::boolean "
-    "AND COALESCE((SELECT o.option_value FROM pg_options_to_table(tc.reloptions) o "
-    "  WHERE o.option_name = 'autovacuum_enabled'), 'on')::boolean AS autovacuum, "
+    "AS autovacuum_on, "
+    "COALESCE((SELECT o.option_value FROM pg_options_to_table(tc.reloptions) o "
+    "  WHERE o.option_name = 'autovacuum_enabled'), 'on')::boolean AS autovacuum_enabled, "
     "COALESCE((SELECT o.option_value FROM pg_options_to_table(c.reloptions) o "
     "  WHERE o.option_name = 'fillfactor'), '0')::integer AS fillfactor, "
+    "format('ALTER TABLE %%s RESET (autovacuum_enabled)', r.table_oid::regclass) "
+    "AS autovacuum_reset, "
     "(SELECT COALESCE(sum(CASE WHEN a.attlen > 0 THEN a.attlen "
     "  ELSE COALESCE(st.avg_width, 16) END), 0) FROM pg_attribute a "
     "  LEFT JOIN pg_stats st ON st.schemaname = tn.nspname AND st.tablename = tc.relname "
@@ -123,10 +125,14 @@ class Relation:
     read_at: datetime
     analyzed_rows: int
     owned: bool
+    #: the server's autovacuum (and the statistics it needs) is on
     autovacuum_on: bool
-    autovacuum: bool
+    #: the table's own storage parameter autovacuum_enabled
+    autovacuum_enabled: bool
     fillfactor: int
     width: int
+    #: the statement that gives its table autovacuum back
+    autovacuum_reset: str
 
     @classmethod
     def of(cls, row: Mapping[Any, Any]) -> Relation:
@@ -141,9 +147,15 @@ class Relation:
             changed_rows=int(row["changed_rows"] or 0),
             killed_rows=int(row["killed_rows"] or 0), read_at=row["read_at"],
             analyzed_rows=max(0, int(row["analyzed_rows"] or 0)), owned=bool(row["owned"]),
-            autovacuum_on=bool(row["autovacuum_on"]), autovacuum=bool(row["autovacuum"]), fillfactor=int(row["fillfactor"]),
-            width=int(row["width"]),
+            autovacuum_on=bool(row["autovacuum_on"]),
+            autovacuum_enabled=bool(row["autovacuum_enabled"]), fillfactor=int(row["fillfactor"]),
+            width=int(row["width"]), autovacuum_reset=str(row["autovacuum_reset"]),
         )
+
+    @property
+    def autovacuum(self) -> bool:
+        """Whether autovacuum may visit this relation's table."""
+        return self.autovacuum_on and self.autovacuum_enabled
 
     @property
     def pages(self) -> int:
@@ -243,8 +255,8 @@ def warnings(relations: list[Relation]) -> list[str]:
                    "their role owns them), and nothing vacuums the job record; turn it on: "
                    "ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf()")
     else:
-        out += [f"autovacuum is off for {t.name}: ALTER TABLE {t.name} RESET "
-                "(autovacuum_enabled)" for t in tables.values() if not t.autovacuum]
+        out += [f"autovacuum is off for {t.name}: {t.autovacuum_reset}"
+                for t in tables.values() if not t.autovacuum_enabled]
     for t in hot:
         if t.dead_rows < t.vacuum_due_at:
             continue

@@ -525,3 +525,26 @@ def test_ps_and_top_warn_that_autovacuum_is_off_and_name_a_table_it_never_visite
     assert len(as_json["warnings"]) == len(warned), as_json["warnings"]
     top = postjob("ps", "top", "--iterations", "1", url=url)
     assert "autovacuum is off" in top.stdout and f"{table} holds " in top.stdout, top.stdout
+
+
+def test_a_hot_table_whose_autovacuum_was_disabled_is_named_with_the_statement_that_resets_it(
+    admin: Engine
+) -> None:
+    """On a server with autovacuum on (this one has it off: the server's own setting is
+    replaced in the state read), a table disabled by its storage parameter is named."""
+    table = hot.HOT_TABLES[0]
+    with admin.begin() as conn:
+        conn.execute(text(conn.execute(text("SELECT format('ALTER TABLE %s SET "
+                                            "(autovacuum_enabled = off)', CAST(:t AS regclass))"),
+                                       {"t": table}).scalar_one()))
+    try:
+        with admin.connect() as conn:
+            state = [replace(r, autovacuum_on=True) for r in hot.read(conn)]
+        lines = hot.warnings(state)
+        assert lines == [f"autovacuum is off for {table}: ALTER TABLE {table} RESET "
+                         "(autovacuum_enabled)"], lines
+    finally:
+        with admin.begin() as conn:  # the statement the warning gives, as it gives it
+            conn.execute(text(lines[0].split(": ", 1)[1]))
+        with admin.connect() as conn:
+            assert all(r.autovacuum == r.autovacuum_on for r in hot.read(conn))
