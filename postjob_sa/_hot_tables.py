@@ -58,8 +58,8 @@ _DEFAULT_FILLFACTOR = {False: 100, True: 90}
 
 #: One row per hot table and per index of one: its size, its table's live and dead rows and
 #: vacuum history, whether this role owns it (only the owner may VACUUM or REINDEX it), and
-#: the average width of what it stores (from pg_stats where ANALYZE left any; 16 bytes for a
-#: variable-width column without). Reads the catalog and the statistics only: no table.
+#: the average width of what it stores (from pg_stats where ANALYZE left any, a NULL taking
+#: nothing; 16 bytes for a variable-width column without). Reads the catalog and the statistics only: no table.
 #: ``%(tables)s`` is HOT_TABLES; run on a worker's Conn or with exec_driver_sql.
 HOT_RELATIONS_STATE = (
     "WITH hot AS ("
@@ -91,8 +91,9 @@ HOT_RELATIONS_STATE = (
     "  WHERE o.option_name = 'fillfactor'), '0')::integer AS fillfactor, "
     "format('ALTER TABLE %%s RESET (autovacuum_enabled)', r.table_oid::regclass) "
     "AS autovacuum_reset, "
-    "(SELECT COALESCE(sum(CASE WHEN a.attlen > 0 THEN a.attlen "
-    "  ELSE COALESCE(st.avg_width, 16) END), 0) FROM pg_attribute a "
+    "(SELECT COALESCE(sum((CASE WHEN a.attlen > 0 THEN a.attlen "
+    "  ELSE COALESCE(st.avg_width, 16) END) * (1 - COALESCE(st.null_frac, 0))), 0) "
+    "  FROM pg_attribute a "
     "  LEFT JOIN pg_stats st ON st.schemaname = tn.nspname AND st.tablename = tc.relname "
     "  AND st.attname = a.attname "
     "  WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped)::integer AS width "
@@ -200,11 +201,12 @@ class Relation:
 
     @property
     def capacity(self) -> int:
-        """The most rows this table's pages hold: a bound on its live rows that statistics
-        gone stale cannot break (the live count of pg_stat_user_tables is an estimate, and
-        after a VACUUM that raced with deletes it can be off by the whole backlog)."""
-        return self.pages * max(1, (PAGE_BYTES - _PAGE_OVERHEAD[False])
-                                // (self.width + _ROW_OVERHEAD[False]))
+        """The most rows this table's pages could hold, twice what rows of the average width
+        fill (rows vary): a bound on its live rows that statistics gone stale cannot break
+        (the live count of pg_stat_user_tables is an estimate, and after a VACUUM that raced
+        with deletes it can be off by the whole backlog)."""
+        return 2 * self.pages * max(1, (PAGE_BYTES - _PAGE_OVERHEAD[False])
+                                    // (self.width + _ROW_OVERHEAD[False]))
 
     @property
     def live_at_most(self) -> int:

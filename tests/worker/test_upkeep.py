@@ -4,8 +4,8 @@ VACUUM's own count lost too), analyzes the job record whose cached plans would s
 worker at a time, never blocking a checkout, and where the worker's role may not repair it
 says once what to run.
 
-Backlogs pass through the real statements (enqueue, checkout, finish), so the tests hold
-whatever the hot tables are (postjob_sa._hot_tables)."""
+Backlogs pass through the queue as an application's do (enqueued, run by a worker), so the
+tests hold whatever the hot tables are (postjob_sa._hot_tables)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ pytestmark = pytest.mark.both_drivers
 
 W = "upkeep.w"
 STANDING = "upkeep.standing"  # jobs that wait while others pass through
+RUNS_W = Registry()
+workflow(name=W, registry=RUNS_W)(lambda: None)
 
 ENQUEUE = text(
     "INSERT INTO postjob.postjobs (workflow, queue, next_run_at) "
@@ -95,22 +97,11 @@ def vacuum_hot_tables(engine: Engine) -> None:
                                                "CAST(:t AS regclass))"), {"t": table})))
 
 
-def churn(engine: Engine, n: int, per_round: int = 10_000) -> None:
-    """n jobs pass through the queue: enqueued, checked out and finished ok."""
+def churn(engine: Engine, n: int) -> None:
+    """n jobs pass through the queue: enqueued, then run by a worker until none is due."""
     sql(engine, ENQUEUE, w=W, n=n)
-    while True:
-        with engine.begin() as conn:
-            rows = conn.execute(_sql.JOB_CHECKOUT, {
-                "worker_id": None, "identifier": "upkeep test", "workflows": [W],
-                "versions": [""], "queues": None, "limit": per_round, "lease": 60,
-                "promote": False}).all()
-            if not rows:
-                return
-            ids, tokens = [r.id for r in rows], [r.lease_token for r in rows]
-            conn.execute(_sql.JOB_FINISH, {
-                "ok_ids": ids, "ok_tokens": tokens, "ok_results": ["null"] * len(ids),
-                "ok_versions": [None] * len(ids), "outcomes": "[]",
-                "done": sorted(set(tokens))}).all()
+    with Session(engine) as session:
+        JobQueue(session, registry=RUNS_W, batch_size=1_000).drain()
 
 
 def due_index(engine: Engine) -> str:
@@ -417,28 +408,34 @@ def test_no_vacuum_while_an_old_transaction_holds_it_back_and_it_is_named_once(
 def test_the_job_record_is_analyzed_once_it_has_doubled_and_cached_plans_stop_scanning_it(
     admin: Engine, conns: Callable[..., Conn]
 ) -> None:
-    finish_nothing = text(
-        "SELECT * FROM postjob.finish_jobs_v3(ARRAY[0]::bigint[], ARRAY[0]::bigint[], "
-        "ARRAY['null']::jsonb[], ARRAY[NULL]::text[], '[]'::jsonb, '{}'::bigint[])")
+    """The outcome and checkout functions update job records by ids from an array under a
+    generic plan (plan_cache_mode = force_generic_plan), cached for the session: made while
+    the record was empty, it scans the record whole until an ANALYZE makes it plan again."""
+    update = text("EXECUTE upkeep_touch(ARRAY[0]::bigint[])")
 
     def buffers(conn: Any) -> int:
         before = int(conn.execute(BLOCKS).scalar_one())
-        conn.execute(finish_nothing).all()
+        conn.execute(update)
         read = int(conn.execute(BLOCKS).scalar_one()) - before
         conn.rollback()
         return read
 
     with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text(f"ANALYZE {hot.RECORD_TABLE}"))  # as a fresh install's: empty
-    with admin.connect() as worker:  # plans its statements while the record is empty
+    with admin.connect() as worker:  # plans its statement while the record is empty
+        worker.execute(text("SET plan_cache_mode = force_generic_plan"))
+        worker.execute(text(
+            f"PREPARE upkeep_touch(bigint[]) AS UPDATE {hot.RECORD_TABLE} j "
+            "SET updated_at = now() FROM unnest($1) AS i(id) WHERE j.id = ANY ($1) AND j.id = i.id"))
+        worker.commit()
         buffers(worker)
-        sql(admin, "INSERT INTO postjob.postjobs (workflow, status, results) "
+        sql(admin, f"INSERT INTO {hot.RECORD_TABLE} (workflow, status, results) "
                    "SELECT :w, 'ok', '[1]' FROM generate_series(1, 50000)", w=W)
         scanned = buffers(worker)
         lines = upkeep_of(admin).look(conns(admin))
         assert any(line.startswith(f"upkeep: analyzed {hot.RECORD_TABLE}") for line in lines)
         after = buffers(worker)
-    print(f"finishing no job read {scanned} buffers before the ANALYZE, {after} after")
+    print(f"an update by ids read {scanned} buffers before the ANALYZE, {after} after")
     assert scanned > 500 and after < 20, (scanned, after)
 
 
