@@ -162,6 +162,15 @@ def soak(pg: ScratchCluster, args: argparse.Namespace, rate: float) -> dict[str,
     log("     t  jobs/s  p50 ms   max ms  pend  " + "  ".join(
         f"{n} kB" + (" dead av/vac" if Relations.read(url).by_name[n]["relkind"] == "r" else "")
         for n in hot) + "  record MB  most read per job")
+    try:
+        return _soak(url, fleet, hot, args, rate)
+    finally:  # whatever happened: no process of ours is left running
+        fleet.stop_feeders()
+        fleet.stop_workers()
+
+
+def _soak(url: str, fleet: Fleet, hot: list[str], args: argparse.Namespace,
+          rate: float) -> dict[str, Any]:
     fleet.start_producer(rate)
     fleet.start_prober()
     t0 = time.monotonic()

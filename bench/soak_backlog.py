@@ -23,7 +23,7 @@ import psycopg2
 
 from bench import soak_app
 from bench.harness.scratch import ScratchCluster
-from bench.harness.soakfleet import Relations, connect, rows
+from bench.harness.soakfleet import Relations, connect, drop_files, rows
 from bench.soak import log, new_database, start_fleet
 from postjob_sa import _hot_tables as hot_tables
 
@@ -132,6 +132,7 @@ def backlog(pg: ScratchCluster, args: argparse.Namespace) -> dict[str, Any]:
             + " ".join(f"{k} {v // 1024} kB" for k, v in watch[-1]["sizes"].items()))
     upkeep = fleet.upkeep_lines()
     fleet.stop_workers()
+    drop_files(fleet)
     state = [hot_tables.Relation.of(r) for r in rows(url, hot_tables.HOT_RELATIONS_STATE,
                                                       hot_tables.PARAMS)]
     for rel in state:
