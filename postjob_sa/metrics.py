@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, text
 
-from postjob_sa import _metrics
+from postjob_sa import _hot_tables, _metrics
 from postjob_sa.errors import InvalidArgument
 
 log = logging.getLogger("postjob_sa.metrics")
@@ -65,7 +65,8 @@ class PostjobCollector:
     """A prometheus-client collector of postjob_sa's metrics.
 
     It yields this process's job counters and run-time histograms (``process=True``) and, with
-    an ``engine``, the depth of each queue and the age of its oldest waiting job. Those are
+    an ``engine``, the depth of each queue, the age of its oldest waiting job, and the dead
+    rows and bytes of the hot tables and their indexes. Those are
     sampled by a background thread every ``interval`` seconds (one cheap query, bounded by
     ``statement_timeout`` seconds) and served from that sample: a scrape never queries the
     database. :meth:`close` stops the thread.
@@ -81,6 +82,8 @@ class PostjobCollector:
         self.process = process
         self.statement_timeout = statement_timeout
         self.queues: dict[str, QueueStats] = {}
+        #: the hot tables and the job record as last sampled (postjob_sa._hot_tables)
+        self.tables: list[_hot_tables.Relation] = []
         self.sampled_at: float | None = None  # time.time() of the last sample
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -102,8 +105,10 @@ class PostjobCollector:
                                                max(old.oldest_waiting, float(row.oldest)),
                                                old.running + int(row.running),
                                                old.manual + int(row.manual))
+            tables = _hot_tables.read(conn)  # the catalog and the statistics: cheap
             conn.rollback()
         self.queues = queues
+        self.tables = tables
         self.sampled_at = time.time()
 
     def _sample_forever(self) -> None:
@@ -150,11 +155,23 @@ class PostjobCollector:
             oldest.add_metric([queue], stats.oldest_waiting)
             running.add_metric([queue], stats.running)
             manual.add_metric([queue], stats.manual)
+        dead = core.GaugeMetricFamily(
+            "postjob_hot_table_dead_tuples",
+            "Dead rows of each hot table (and of the job record) that VACUUM has not reclaimed.",
+            labels=["table"])
+        size = core.GaugeMetricFamily(
+            "postjob_hot_relation_bytes",
+            "Bytes of each hot table, of each of their indexes, and of the job record.",
+            labels=["relation", "table"])
+        for rel in self.tables:
+            if not rel.is_index:
+                dead.add_metric([rel.name], rel.dead_rows)
+            size.add_metric([rel.name, rel.table], rel.bytes)
         sampled = core.GaugeMetricFamily(
             "postjob_queue_sampled_timestamp_seconds",
             "When the queue metrics were sampled (Unix time; 0 before the first sample).")
         sampled.add_metric([], self.sampled_at or 0.0)
-        yield from (waiting, oldest, running, manual, sampled)
+        yield from (waiting, oldest, running, manual, dead, size, sampled)
 
 
 def serve(port: int, collector: PostjobCollector, *, addr: str = "0.0.0.0",

@@ -17,6 +17,7 @@ from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from postjob_sa import _hot_tables
 from postjob_sa.durable import view as durable_view
 from postjob_sa.worker.unknown import Served, served
 
@@ -43,7 +44,7 @@ def _filters(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _listing(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | None,
-             limit: int) -> tuple[_query.Listing, bool, Served]:
+             limit: int) -> tuple[_query.Listing, bool, Served, list[str]]:
     job_ids = _parse.job_ids(ids)
     tags_json = _parse.tags_json(tags)
     chosen = _parse.statuses(statuses)
@@ -52,7 +53,12 @@ def _listing(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | N
         listing = _query.list_jobs(conn, ids=job_ids or None, tags_json=tags_json,
                                    statuses=chosen, limit=limit)
         workers = served(conn)
-    return listing, bool(job_ids), workers
+        tables = _hot_tables.warnings(_hot_tables.read(conn))  # autovacuum off, swollen tables
+    return listing, bool(job_ids), workers, tables
+
+
+def _warnings(tables: list[str]) -> list[RenderableType]:
+    return [Text(f"warning: {line}", style="yellow") for line in tables]
 
 
 def _view(listing: _query.Listing, full_id: bool, limit: int, width: int,
@@ -84,13 +90,15 @@ def ps() -> None:
 def ps_list(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | None,
             limit: int, as_json: bool) -> None:
     """List jobs."""
-    listing, with_ids, workers = _listing(app, ids, tags, statuses, limit)
+    listing, with_ids, workers, tables = _listing(app, ids, tags, statuses, limit)
     if as_json:
         _render.print_json({"jobs": [_render.ps_json(r, workers) for r in listing.rows],
-                            "more": listing.more})
+                            "more": listing.more, "warnings": tables})
         return
     console = _render.console()
     console.print(_view(listing, with_ids, limit, console.width, workers))
+    if tables:  # on stderr: what scripts read of stdout stays the table
+        _render.console(stderr=True).print(Group(*_warnings(tables)))
 
 
 @contextlib.contextmanager
@@ -140,10 +148,11 @@ def ps_top(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | Non
     console = _render.console()
 
     def frame() -> RenderableType:
-        listing, with_ids, workers = _listing(app, ids, tags, statuses, limit)
+        listing, with_ids, workers, tables = _listing(app, ids, tags, statuses, limit)
         stamp = time.strftime("%H:%M:%S")
         header = Text(f"postjob top  {stamp}  {app.display_url()}  (q quits)", style="bold")
-        return Group(header, _view(listing, with_ids, limit, console.width, workers))
+        return Group(header, _view(listing, with_ids, limit, console.width, workers),
+                     *_warnings(tables))
 
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     shown = 0

@@ -260,6 +260,25 @@ CREATE TABLE postjob.queue_starts (
 );
 CREATE INDEX queue_starts_oldest_idx ON postjob.queue_starts (queue, started_at NULLS FIRST);
 
+-- Autovacuum, per table (a server keeps its defaults for the rest). The hot tables churn at
+-- the queue's rate while holding only the work in flight: vacuumed after a number of dead
+-- rows, not a fraction of a size that says nothing of their churn (after a backlog, a 0.2
+-- scale factor waits for a fifth of it), unthrottled (they are small; a throttled VACUUM of a
+-- swollen one lets dead rows pile up while it sleeps), their indexes always cleaned (what
+-- checkouts read; PostgreSQL skips that when few pages hold dead rows, as after a backlog).
+-- The record is vacuumed and analyzed after 2% of it changed: a visit keeps it near 400
+-- bytes a job, and its statistics are what the workers' generic plans are made from.
+-- (Measured by bench/soak.py: docs/operations.md, "Hot tables".)
+ALTER TABLE postjob.unfinished SET (autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 10000, autovacuum_vacuum_cost_delay = 0,
+  vacuum_index_cleanup = on);
+ALTER TABLE postjob.queue_slots SET (autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE postjob.queue_starts SET (autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE postjob.postjobs SET (autovacuum_vacuum_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
+
 -- Periodic workflows, declared in code (@workflow(cron=...) or @workflow(every=...)) and
 -- written here by the workers that register them. last_tick_at is the last tick handled
 -- (enqueued or skipped); a tick is claimed by moving it forward with a conditional UPDATE.

@@ -14,6 +14,8 @@ What serves each statement at 1,000,000 jobs (bench/web.py measures it):
   matches nothing still reads at most :data:`LIST_WINDOW` rows per page;
 * a tree is its root (primary key) plus ``postjobs_tree_idx``.
 
+* the hot tables' sizes and vacuum history: the catalog and the statistics
+  (``postjob_sa._hot_tables``), never the tables;
 * schedules and queue limits are small tables of their own, read whole (the same statements
   as ``postjob schedules`` and ``postjob queue list``).
 """
@@ -28,7 +30,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from postjob_sa import _sql
+from postjob_sa import _hot_tables, _sql
 
 #: ok jobs are counted exactly up to this many; beyond it the table's statistics estimate.
 OK_COUNT_CAP = 50_000
@@ -272,6 +274,10 @@ def workers_busy(conn: Connection) -> list[Row]:
 
 def stranded(conn: Connection, grace: float, limit: int = 20) -> list[Row]:
     return _rows(conn, JOBS_STRANDED, {"grace": grace, "limit": limit})
+
+
+def hot_tables(conn: Connection) -> list[_hot_tables.Relation]:
+    return _hot_tables.read(conn)
 
 
 # -- jobs list -------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import NotFound
 
+from postjob_sa import _hot_tables
 from postjob_sa.durable import view as durable_view
 
 from . import forms
@@ -146,8 +147,16 @@ def overview(conn: Connection, settings: Settings, throughput: Reused) -> Screen
                 "groups": q.stranded(conn, settings.stuck_after), "up": up,
                 "stuck_after": settings.stuck_after,
             }),
+            "tables": ("fragments/tables.html", hot_tables_context(conn)),
         },
     )
+
+
+def hot_tables_context(conn: Connection) -> dict[str, Any]:
+    """The hot tables and the job record: sizes, dead rows, vacuums, and what is wrong."""
+    relations = q.hot_tables(conn)
+    return {"relations": relations, "warnings": _hot_tables.warnings(relations),
+            "size": _hot_tables.size_text}
 
 
 # -- jobs list -------------------------------------------------------------------------------

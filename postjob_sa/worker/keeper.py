@@ -12,6 +12,9 @@ only the worker's own row and extends the leases of the job rows it can lock at 
 
 A job whose worker beats is never reaped; a worker whose heartbeat could not reach the database
 for a whole lease is presumed dead, its jobs are rescued, and the keeper reports them as lost.
+
+Duties of other modules start and stop with these (``companions``: the upkeep of the hot
+tables, ``postjob_sa.worker.upkeep``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from sqlalchemy import Engine
 
@@ -92,12 +96,19 @@ class _Duty:
                 self._pause_until = time.monotonic() + RETRY_DELAY
 
 
+class Companion(Protocol):
+    """A duty of another module that starts and stops with the keeper's (the upkeep's)."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
 class Keeper:
     """Registration, heartbeat and background flushes of one worker."""
 
     def __init__(self, engine: Engine, recorder: Recorder, *, lease: float, identifier: str,
                  revision: str, workflows: list[str], queues: list[str] | None,
-                 pooled: bool = False):
+                 pooled: bool = False, companions: Sequence[Companion] = ()):
         self.engine = engine
         self.recorder = recorder
         self.held: HeldJobs = recorder.held
@@ -116,6 +127,7 @@ class Keeper:
                                 pooled)
         self._flusher = _Duty("postjob-flusher", engine, f"postjob flusher {identifier}",
                               self._flush_due_in, self._flush_aged, pooled)
+        self.companions = list(companions)
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -185,6 +197,8 @@ class Keeper:
     def start(self) -> None:
         self._heartbeat.start()
         self._flusher.start()
+        for companion in self.companions:
+            companion.start()
 
     def nudge(self) -> None:
         """An outcome was buffered: make sure it is recorded within FLUSH_DELAY."""
@@ -192,6 +206,8 @@ class Keeper:
 
     def halt(self) -> None:
         """Stop the background duties."""
+        for companion in self.companions:
+            companion.stop()
         self._flusher.stop()
         self._heartbeat.stop()
 

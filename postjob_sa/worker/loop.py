@@ -36,6 +36,7 @@ from postjob_sa.worker.signals import Abort, Stopper, WakeUp
 from postjob_sa.worker.slots import JobLoop, Slots
 from postjob_sa.worker.transactional import TransactionalRunner
 from postjob_sa.worker.unknown import UnknownWorkflows
+from postjob_sa.worker.upkeep import Upkeep
 from postjob_sa.worker.wakeup import choose_waker
 
 log = logging.getLogger("postjob_sa.worker")
@@ -66,7 +67,7 @@ class Worker:
         self.keeper = Keeper(
             engine, self.recorder, lease=options.lease, identifier=options.identifier,
             revision=head_revision(), workflows=self.lease_pairs[0] + self.tx_pairs[0],
-            queues=options.queues, pooled=pooled,
+            queues=options.queues, pooled=pooled, companions=[Upkeep(engine, options)],
         )
         # periodic workflows: ticked by long-running workers (not by drain/step)
         self.scheduler = Scheduler(registry, [] if options.until_idle else options.workflows)

@@ -11,7 +11,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from werkzeug.test import Client, TestResponse
 
-from postjob_sa import InvalidArgument, JobQueue, Status
+from postjob_sa import InvalidArgument, JobQueue, Status, _hot_tables
 from postjob_sa.web import create_app, queries
 from tests.conftest import end_by_hand
 from tests.web_data import XSS, Seeded, backdate, noop, order, seed
@@ -526,3 +526,13 @@ def test_a_mounted_app_builds_links_under_its_path(engine: Engine, seeded: Seede
     assert response.status_code == 303
     assert response.headers["Location"].endswith(f"/ops/jobs/jobs/{seeded.failed}?done=reset")
 
+
+
+def test_the_overview_shows_the_hot_tables_and_warns_that_autovacuum_is_off(
+        client: Client, seeded: Seeded) -> None:
+    """The test server runs without autovacuum (issue 34): the overview says so, with the fix."""
+    page = body(client.get("/"))
+    tables = page[page.index('data-fragment="tables"'):]
+    assert "autovacuum is off" in tables and "ALTER SYSTEM SET autovacuum = on" in tables
+    for name in (*_hot_tables.HOT_TABLES, _hot_tables.RECORD_TABLE):
+        assert f">{name}<" in tables, name

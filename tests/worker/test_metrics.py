@@ -18,7 +18,7 @@ from sqlalchemy import URL, Engine, text
 from sqlalchemy.orm import Session
 
 import postjob_sa
-from postjob_sa import JobQueue
+from postjob_sa import JobQueue, _hot_tables
 from postjob_sa.cli._logging import JsonFormatter
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.metrics import PostjobCollector
@@ -105,6 +105,30 @@ def test_manual_steps_are_counted_apart_never_as_waiting_work(session: Session) 
         assert _value(reg, "postjob_queue_waiting", queue="approvals") == 0
         assert _value(reg, "postjob_queue_oldest_waiting_seconds", queue="approvals") == 0
         assert _value(reg, "postjob_queue_manual_steps", queue="approvals") == 1
+    finally:
+        collector.close()
+
+
+def test_the_hot_tables_dead_rows_and_bytes_are_sampled(session: Session) -> None:
+    """Issue 34: each hot table's dead rows, and the bytes of each hot table, of each of its
+    indexes and of the job record, from the same sample as the queues."""
+    reg = CollectorRegistry()
+    collector = PostjobCollector(session.get_bind(), interval=3600)  # type: ignore[arg-type]
+    reg.register(collector)
+    try:
+        JobQueue(session).set_queue_limits("hot", concurrency=5, rate=1000)  # places and starts
+        _enqueue(session, "met.ok", *range(50), queue="hot")
+        JobQueue(session, fast_mode=True, registry=registry).drain()
+        collector.refresh()
+        for table in _hot_tables.HOT_TABLES:
+            assert reg.get_sample_value("postjob_hot_table_dead_tuples", {"table": table}) \
+                is not None, table
+            assert _value(reg, "postjob_hot_relation_bytes", relation=table, table=table) > 0
+        record = _hot_tables.RECORD_TABLE
+        assert _value(reg, "postjob_hot_relation_bytes", relation=record, table=record) > 0
+        indexes = [s for m in reg.collect() if m.name == "postjob_hot_relation_bytes"
+                   for s in m.samples if s.labels["relation"] != s.labels["table"]]
+        assert {s.labels["table"] for s in indexes} == set(_hot_tables.HOT_TABLES), indexes
     finally:
         collector.close()
 

@@ -81,6 +81,15 @@ CREATE TABLE postjob.event_keys (
   CONSTRAINT event_keys_bucket CHECK (bucket BETWEEN 0 AND 4095)
 );
 INSERT INTO postjob.event_keys (bucket) SELECT generate_series(0, 4095);
+ALTER TABLE postjob.unfinished SET (autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 10000, autovacuum_vacuum_cost_delay = 0,
+  vacuum_index_cleanup = on);
+ALTER TABLE postjob.queue_slots SET (autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE postjob.queue_starts SET (autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE postjob.postjobs SET (autovacuum_vacuum_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
 CREATE TABLE postjob.wakeups (
   job_id      bigint PRIMARY KEY,
   failed      boolean NOT NULL,
@@ -299,6 +308,12 @@ DROP FUNCTION postjob._hold(bigint, bigint);
 DROP FUNCTION postjob.reap_v4(integer);
 DROP FUNCTION postjob.worker_idle_v2(bigint, text[], text[], text[], boolean);
 DROP FUNCTION postjob._event_key_lock(varchar);
+ALTER TABLE postjob.queue_slots RESET (autovacuum_vacuum_scale_factor,
+  autovacuum_vacuum_threshold, autovacuum_vacuum_cost_delay);
+ALTER TABLE postjob.queue_starts RESET (autovacuum_vacuum_scale_factor,
+  autovacuum_vacuum_threshold, autovacuum_vacuum_cost_delay);
+ALTER TABLE postjob.postjobs RESET (autovacuum_vacuum_scale_factor,
+  autovacuum_vacuum_insert_scale_factor, autovacuum_analyze_scale_factor);
 DROP TABLE postjob.unfinished;
 DROP TABLE postjob.event_keys;
 DROP TABLE postjob.wakeups;
