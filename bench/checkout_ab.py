@@ -10,8 +10,8 @@ its own schema is installed by its own code into a database of its own (pjbench_
 priority 0 only; ten priorities in one queue; ten priorities across three queues; the same
 with 10,000 jobs for tomorrow at a higher priority; priority 0 in four workflows the worker
 serves) and batch size (1 and 100), every database gets the same fill and the checkouts go
-round robin, one call per database in turn, through the worker's cycle statement (the same text
-in every version since pj0002). Interleaving cancels the drift of a busy machine that separate
+round robin, one call per database in turn, through the worker's cycle statement (each tree's own:
+checkout_v4 since pj0009, worker_cycle_v3 in pj0008, worker_cycle before). Interleaving cancels the drift of a busy machine that separate
 runs, minutes apart, do not. Trees whose schema has no priorities (before pj0004) take part in
 the priority 0 shapes only, or, with ``--same-jobs``, in every shape on the same jobs without
 their priorities. Nothing vacuums between calls unless ``--vacuum-every`` says so (then outside
@@ -44,12 +44,32 @@ SHAPES = {
 WORKFLOWS = {"pairs": "ARRAY['noop', 'noop1', 'noop2', 'noop3']::text[], "
                       "ARRAY['', '', '', '']::text[]"}
 
-CYCLE = (
-    "SELECT kind, id FROM postjob.worker_cycle(NULL::bigint, 'bench'::varchar, '{}'::bigint[], "
-    "'{}'::bigint[], '{}'::text[], '{}'::jsonb[], '{}'::text[], '{}'::text[], '{}'::jsonb[], "
-    "'{}'::text[], '{}'::bigint[], {workflows}, NULL::text[], "
-    "%(limit)s::integer, 60::float8, false, false)"
+#: the cycle statement of each generation of the schema, newest first: the function the tree's
+#: worker calls (found by name), given no outcomes, no reaping and nothing made due
+CYCLES = (
+    ("checkout_v4",
+     "SELECT id FROM postjob.checkout_v4(NULL::bigint, 'bench'::varchar, {workflows}, "
+     "NULL::text[], %(limit)s::integer, 60::float8, false, false, false)"),
+    ("worker_cycle_v3",
+     "SELECT kind, id FROM postjob.worker_cycle_v3(NULL::bigint, 'bench'::varchar, "
+     "'{}'::bigint[], '{}'::bigint[], '{}'::jsonb[], '{}'::text[], '[]'::jsonb, "
+     "'{}'::bigint[], {workflows}, NULL::text[], %(limit)s::integer, 60::float8, false, false)"),
+    ("worker_cycle",
+     "SELECT kind, id FROM postjob.worker_cycle(NULL::bigint, 'bench'::varchar, '{}'::bigint[], "
+     "'{}'::bigint[], '{}'::text[], '{}'::jsonb[], '{}'::text[], '{}'::text[], '{}'::jsonb[], "
+     "'{}'::text[], '{}'::bigint[], {workflows}, NULL::text[], "
+     "%(limit)s::integer, 60::float8, false, false)"),
 )
+
+
+def _cycle(cur: Any) -> str:
+    """The cycle statement of the schema this cursor's database holds."""
+    for name, statement in CYCLES:
+        cur.execute("SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                    "WHERE n.nspname = 'postjob' AND p.proname = %s", (name,))
+        if cur.fetchone()[0]:
+            return statement
+    raise SystemExit("no worker cycle function in this schema")
 
 
 def _install(tree: Path, url: str) -> None:
@@ -110,6 +130,7 @@ def main() -> int:
     import psycopg2
 
     curs: dict[str, Any] = {}
+    cycles: dict[str, str] = {}
     priorities: dict[str, bool] = {}
     for spec in opts.trees:
         name, _, tree = spec.partition("=")
@@ -125,14 +146,15 @@ def main() -> int:
                     "'postjob' AND table_name = 'postjobs' AND column_name = 'priority'")
         priorities[name] = bool(cur.fetchone()[0])
         curs[name] = cur
+        cycles[name] = _cycle(cur)
 
     names = list(curs)
     for shape in opts.shapes.split(","):
         label = SHAPES[shape]
         taking = [n for n in names
                   if shape in ("zero", "pairs") or priorities[n] or opts.same_jobs]
-        cycle = CYCLE.replace("{workflows}", WORKFLOWS.get(
-            shape, "ARRAY['noop']::text[], ARRAY['']::text[]"))
+        served = WORKFLOWS.get(shape, "ARRAY['noop']::text[], ARRAY['']::text[]")
+        cycle = {n: cycles[n].replace("{workflows}", served) for n in taking}
         for limit, calls in ((1, opts.calls), (100, max(opts.calls // 10, 20))):
             for n in taking:
                 _fill(curs[n], calls * limit + 1000, shape, priorities[n])
@@ -143,7 +165,7 @@ def main() -> int:
                         curs[n].execute("VACUUM postjob.postjobs")
                 for n in taking:
                     t0 = time.perf_counter()
-                    curs[n].execute(cycle, {"limit": limit})
+                    curs[n].execute(cycle[n], {"limit": limit})
                     got = len(curs[n].fetchall())
                     times[n].append(time.perf_counter() - t0)
                     assert got == limit, (n, shape, got)

@@ -9,8 +9,8 @@
    and the statements the run's connection sent. Then the job is reset and runs again with
    every step stored: microseconds per stored step, and its statements (one load per run).
 2. Sleepers beside a checkout. A checkout of 1 (and of 100) due jobs through
-   ``checkout_v3`` (as the worker's cycle calls it, making due what has come due), and an
-   idle worker's wait (``worker_idle``), in a transaction rolled back each time: buffers read
+   ``checkout_v4`` (as the worker's cycle calls it, making due what has come due), and an
+   idle worker's wait (``worker_idle_v2``), in a transaction rolled back each time: buffers read
    in the postjob schema (as tests/api/test_checkout_cost.py counts them) and the median time,
    with nothing beside the 5,000 due jobs, then with ``--sleeping`` jobs in a durable sleep
    until tomorrow and ``--waiting`` jobs waiting for an event, all made by running their
@@ -158,10 +158,12 @@ BLOCKS = text(
     "FROM pg_class c WHERE c.relnamespace = 'postjob'::regnamespace AND c.relkind IN ('r', 'i')"
 )
 CHECKOUT = text(
-    "SELECT id FROM postjob.checkout_v3(NULL, 'bench', CAST(:w AS text[]), CAST(:v AS text[]), "
-    "NULL, :limit, 60, true)"
+    "SELECT id FROM postjob.checkout_v4(NULL, 'bench', CAST(:w AS text[]), CAST(:v AS text[]), "
+    "NULL, :limit, 60, false, false, true)"
 )
-IDLE = text("SELECT postjob.worker_idle(CAST(:w AS text[]), CAST(:v AS text[]), NULL, false)")
+IDLE = text(
+    "SELECT postjob.worker_idle_v2(NULL, CAST(:w AS text[]), CAST(:v AS text[]), NULL, false)"
+)
 
 
 def _measure(engine: Engine, calls: int) -> dict[str, tuple[int, float]]:
@@ -215,7 +217,7 @@ def bench_sleepers(engine: Engine, sleeping: int, waiting: int, calls: int) -> N
     with engine.connect() as conn:
         counts = conn.execute(text(
             "SELECT count(*) FILTER (WHERE status = 'sleep'), "
-            "(SELECT count(*) FROM postjob.waiting WHERE NOT due AND run_at IS NOT NULL), "
+            "(SELECT count(*) FROM postjob.unfinished WHERE NOT due AND run_at IS NOT NULL), "
             "(SELECT count(*) FROM postjob.event_waits) FROM postjob.postjobs")).one()
     _vacuum(engine)
     beside = _measure(engine, calls)

@@ -32,10 +32,10 @@ sys.path.insert(0, REPO_ROOT)
 from bench.harness import pg  # noqa: E402
 
 CYCLE = (
-    "SELECT kind FROM postjob.worker_cycle(NULL, 'bench', '{}', '{}', '{}', '{}', '{}', '{}', "
-    "'{}', '{}', '{}', ARRAY['w'], ARRAY[''], NULL, 1, 60, false, false)"
+    "SELECT id FROM postjob.checkout_v4(NULL, 'bench', ARRAY['w'], ARRAY[''], NULL, 1, 60, "
+    "false, false, false)"
 )
-IDLE = "SELECT postjob.worker_idle(ARRAY['w'], ARRAY[''], NULL, false)"
+IDLE = "SELECT postjob.worker_idle_v2(NULL, ARRAY['w'], ARRAY[''], NULL, false)"
 #: pj0001's candidate scan of postjob.checkout (for comparison; rolled back)
 OLD_SCAN = (
     "SELECT s.id FROM postjob.postjobs s WHERE s.status IN ('ready', 'err') "

@@ -112,11 +112,11 @@ def main() -> int:
                 "INSERT INTO postjob.postjobs (workflow, priority, next_run_at) "
                 "SELECT 'noop', 100, now() + interval '1 day' FROM generate_series(1, 10000)")
         cur.execute("VACUUM ANALYZE postjob.postjobs")
-        cur.execute("VACUUM ANALYZE postjob.waiting")
+        cur.execute("VACUUM ANALYZE postjob.unfinished")
 
     def checkout(limit: int) -> None:
         cur.execute(_sql.WORKER_CYCLE, {
-            **outcome_params([]), "worker_id": None, "identifier": "bench", "done": "{}",
+            **outcome_params([]), "worker_id": None,
             "workflows": ["noop"], "versions": [""], "queues": None, "limit": limit,
             "lease": 60.0, "reap": False, "promote": False})
         cur.fetchall()
@@ -154,7 +154,7 @@ def main() -> int:
             f"SELECT 'noop', 'free', jsonb_build_array(g), {due}{keyed} "
             "FROM generate_series(1, %s) g", (opts.jobs,))
         cur.execute("VACUUM ANALYZE postjob.postjobs")
-        cur.execute("VACUUM ANALYZE postjob.waiting")
+        cur.execute("VACUUM ANALYZE postjob.unfinished")
         start = ctx.Event()
         procs = [ctx.Process(target=_drain, args=(url, start)) for _ in range(opts.workers)]
         for p in procs:
@@ -167,9 +167,7 @@ def main() -> int:
             # (a parallel seq scan of 1,000,000 rows, ~100 ms on three cores) took the CPU
             # the workers were being measured on
             cur.execute(
-                "SELECT (SELECT count(*) FROM postjob.waiting WHERE queue = 'free') + "
-                "(SELECT count(*) FROM postjob.leases l JOIN postjob.postjobs j "
-                "ON j.id = ANY (l.job_ids) AND j.lease_token = l.token WHERE j.queue = 'free')")
+                "SELECT count(*) FROM postjob.unfinished WHERE queue = 'free'")
             if cur.fetchone()[0] == 0:  # type: ignore[index]
                 break
             time.sleep(0.02)

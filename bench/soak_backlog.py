@@ -29,8 +29,8 @@ from postjob_sa import _hot_tables as hot_tables
 
 SAMPLES = 25
 CHECKOUT = (
-    "SELECT id FROM postjob.checkout_v3(NULL, 'soak probe', ARRAY[%s], ARRAY[''], "
-    "ARRAY['q'], %s, 60, false)"
+    "SELECT id FROM postjob.checkout_v4(NULL, 'soak probe', ARRAY[%s], ARRAY[''], "
+    "ARRAY['q'], %s, 60, false, false, false)"
 )
 #: Buffers this transaction read so far, per relation of the schema.
 BLOCKS = (

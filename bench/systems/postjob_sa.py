@@ -207,13 +207,13 @@ class _Probe:
         from postjob_sa.worker.executor import outcome_params
 
         self._params = {
-            **outcome_params([]), "worker_id": None, "identifier": "bench", "done": "{}",
+            **outcome_params([]), "worker_id": None,
             "workflows": [NOOP], "versions": [""], "queues": None, "limit": 1, "lease": 60.0,
             # conservative: a worker reaps and makes due what came due now and then, not always
             "reap": True, "promote": True,
         }
         self.table_bytes = int(pg.value(url, "SELECT pg_total_relation_size('postjob.postjobs')"))
-        self.index_bytes = int(pg.value(url, "SELECT pg_relation_size('postjob.waiting_due_idx')"))
+        self.index_bytes = int(pg.value(url, "SELECT pg_relation_size('postjob.unfinished_due_idx')"))
 
     def checkout_one(self) -> bool:
         self._cur.execute(self._stmt, self._params)
@@ -221,9 +221,10 @@ class _Probe:
 
     def explain(self) -> str:
         self._cur.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT w.job_id "
-            "FROM postjob.waiting w WHERE w.workflow = 'bench.noop' AND w.workflow_version = '' "
-            "AND w.queue = 'q' AND w.due ORDER BY w.priority DESC, w.run_at, w.job_id "
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) SELECT u.job_id "
+            "FROM postjob.unfinished u WHERE u.workflow = 'bench.noop' "
+            "AND u.workflow_version = '' AND u.queue = 'q' AND u.due AND u.lease_token IS NULL "
+            "ORDER BY u.priority DESC, u.run_at, u.job_id "
             "LIMIT 1 FOR UPDATE SKIP LOCKED"
         )
         return "\n".join(r[0] for r in self._cur.fetchall())
