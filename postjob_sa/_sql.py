@@ -210,27 +210,12 @@ JOBS_UNFINISHED_COUNT = (
 
 # -- the Session-bound API -------------------------------------------------------------------
 
-#: A root job, queued by the same statement (its record and its row in postjob.unfinished:
-#: no trigger runs), or nothing when an unfinished job holds the unique key (see
-#: JOB_BY_UNIQUE_KEY): ON CONFLICT, so a concurrent enqueue of the same key waits for the
-#: other transaction instead of failing, and the caller's transaction stays usable.
+#: A root job, queued by one call (postjob.enqueue_v1, see postjob_sa/sql/jobs.sql): its id,
+#: or NULL when an unfinished job holds the unique key (see JOB_BY_UNIQUE_KEY).
 JOB_ENQUEUE = text(
-    "WITH n AS (SELECT nextval('postjob.postjobs_id_seq') AS id, "
-    "  COALESCE(CAST(:run_at AS timestamptz), statement_timestamp()) AS run_at, "
-    "  statement_timestamp() + CAST(:timeout AS float8) * interval '1 second' AS timing_out_at), "
-    "u AS (INSERT INTO postjob.unfinished (job_id, status, workflow, workflow_version, queue, "
-    "  priority, run_at, due, timing_out_at, unique_key) "
-    "  SELECT n.id, 'ready', :workflow, :version, :queue, :priority, n.run_at, "
-    "  n.run_at <= statement_timestamp(), n.timing_out_at, :unique_key FROM n "
-    "  ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING RETURNING job_id), "
-    "j AS (INSERT INTO postjob.postjobs (id, root_id, full_id, workflow, args, queue, "
-    "  max_attempts, timeout, timing_out_at, workflow_version, tags, next_run_at, priority, "
-    "  unique_key, unique_key_held, trace_context, queued) "
-    "  SELECT u.job_id, u.job_id, u.job_id::text, :workflow, CAST(:args AS jsonb), :queue, "
-    "  :max_attempts, :timeout, n.timing_out_at, :version, CAST(:tags AS jsonb), n.run_at, "
-    "  :priority, :unique_key, :unique_key IS NOT NULL, CAST(:trace_context AS jsonb), true "
-    "  FROM u, n RETURNING id) "
-    "SELECT j.id, postjob._wake(1) AS woken FROM j"
+    "SELECT postjob.enqueue_v1(:workflow, CAST(:args AS jsonb), :queue, :max_attempts, "
+    ":timeout, :version, CAST(:tags AS jsonb), CAST(:run_at AS timestamptz), :priority, "
+    ":unique_key, CAST(:trace_context AS jsonb)) AS id"
 )
 
 #: A child job (the parent's ids and trace context are the trigger's to fill in), or nothing
@@ -260,10 +245,10 @@ JOB_CHILD_BY_KEY = text(
 
 #: Root jobs, one per element of :args, queued by the same statement.
 JOB_ENQUEUE_MANY = text(
-    "WITH n AS (SELECT nextval('postjob.postjobs_id_seq') AS id, a.args, a.ord, "
+    "WITH n AS (SELECT nextval('postjob.postjobs_id_seq') AS id, a.args, "
     "  COALESCE(CAST(:run_at AS timestamptz), statement_timestamp()) AS run_at, "
     "  statement_timestamp() + CAST(:timeout AS float8) * interval '1 second' AS timing_out_at "
-    "  FROM jsonb_array_elements(CAST(:args AS jsonb)) WITH ORDINALITY AS a(args, ord)), "
+    "  FROM jsonb_array_elements(CAST(:args AS jsonb)) AS a(args)), "
     "u AS (INSERT INTO postjob.unfinished (job_id, status, workflow, workflow_version, queue, "
     "  priority, run_at, due, timing_out_at) "
     "  SELECT n.id, 'ready', :workflow, :version, :queue, :priority, n.run_at, "
@@ -273,7 +258,7 @@ JOB_ENQUEUE_MANY = text(
     "  priority, trace_context, queued) "
     "  SELECT n.id, n.id, n.id::text, :queue, :workflow, :version, n.args, "
     "  CAST(:tags AS jsonb), :max_attempts, :timeout, n.timing_out_at, n.run_at, :priority, "
-    "  CAST(:trace_context AS jsonb), true FROM n ORDER BY n.ord RETURNING id), "
+    "  CAST(:trace_context AS jsonb), true FROM n RETURNING id), "
     "w AS (SELECT postjob._wake(count(*)::integer) FROM j) "
     "SELECT j.id FROM j, w ORDER BY j.id"
 )

@@ -81,9 +81,9 @@ class Job(Base):
     __tablename__ = "postjobs"
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    parent_id: Mapped[int | None] = mapped_column(
-        BigInteger, ForeignKey("postjob.postjobs.id", ondelete="CASCADE")
-    )
+    #: the job that spawned it (no foreign key: the insert trigger checks it, and a job's
+    #: children are removed with it)
+    parent_id: Mapped[int | None] = mapped_column(BigInteger)
     root_id: Mapped[int | None] = mapped_column(BigInteger)
     full_id: Mapped[str | None] = mapped_column(String)
     created_at: Mapped[datetime] = mapped_column(

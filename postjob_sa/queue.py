@@ -225,10 +225,15 @@ class JobQueue(JobOperations):
         if parent_id is not None:
             self._require_job(_validate.job_id(parent_id))
         conn = self.session.connection()
-        statement = _sql.JOB_ENQUEUE if parent_id is None else _sql.JOB_ENQUEUE_CHILD
         for _ in range(ENQUEUE_TRIES):
-            row = conn.execute(statement, params).first()
-            if row is not None:
+            if parent_id is None:
+                job_id: int | None = conn.execute(_sql.JOB_ENQUEUE, params).scalar()
+                ids: tuple[int | None, str | None] = (job_id, str(job_id))
+            else:
+                row = conn.execute(_sql.JOB_ENQUEUE_CHILD, params).first()
+                job_id = None if row is None else row.id
+                ids = (None, None) if row is None else (row.root_id, row.full_id)
+            if job_id is not None:
                 break
             existing = self._existing(params)
             if existing is not None:  # the holder of the key, or this parent's child
@@ -240,9 +245,8 @@ class JobQueue(JobOperations):
             raise InvalidJobState(f"unique key {unique_key!r} is taken and released too often")
         # A persistent Job without another query: what the caller is likely to read is set,
         # the rest (timestamps, ...) loads on first access.
-        root_id, full_id = (row.id, str(row.id)) if parent_id is None else (row.root_id, row.full_id)
         job = Job._as_written({
-            "id": row.id, "parent_id": parent_id, "root_id": root_id, "full_id": full_id,
+            "id": job_id, "parent_id": parent_id, "root_id": ids[0], "full_id": ids[1],
             "workflow": name, "args": json.loads(args_json), "queue": opts["queue"],
             "recorded_status": Status.ready, "workflow_version": opts["workflow_version"],
             "max_attempts": opts["max_attempts"], "priority": params["priority"],

@@ -8,24 +8,29 @@
 
 -- Row by row, before the insert: root_id, full_id (and the trace context, when the job has
 -- none of its own) derived from the parent, the deadline from the timeout, and whether the
--- job holds its unique key.
+-- job holds its unique key. A child's parent must exist; it is locked as a foreign key's
+-- check would (FOR KEY SHARE), so that it cannot be deleted while the child is inserted.
 CREATE OR REPLACE FUNCTION postjob._fill_job_ids() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
   v_root_id bigint;
   v_full_id varchar;
   v_trace jsonb;
 BEGIN
-  IF NEW.root_id IS NULL OR NEW.full_id IS NULL THEN
-    IF NEW.parent_id IS NULL THEN
-      NEW.root_id := NEW.id;
-      NEW.full_id := NEW.id::varchar;
-    ELSE
-      SELECT p.root_id, p.full_id, p.trace_context INTO v_root_id, v_full_id, v_trace
-        FROM postjob.postjobs p WHERE p.id = NEW.parent_id;
+  IF NEW.parent_id IS NOT NULL THEN
+    SELECT p.root_id, p.full_id, p.trace_context INTO v_root_id, v_full_id, v_trace
+      FROM postjob.postjobs p WHERE p.id = NEW.parent_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'postjob: job % has no parent %: no such job', NEW.id, NEW.parent_id
+        USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    IF NEW.root_id IS NULL OR NEW.full_id IS NULL THEN
       NEW.root_id := COALESCE(v_root_id, NEW.parent_id);
       NEW.full_id := COALESCE(v_full_id, NEW.parent_id::varchar) || '.' || NEW.id;
       NEW.trace_context := COALESCE(NEW.trace_context, v_trace);  -- one trace per tree
     END IF;
+  ELSIF NEW.root_id IS NULL OR NEW.full_id IS NULL THEN
+    NEW.root_id := NEW.id;
+    NEW.full_id := NEW.id::varchar;
   END IF;
   IF NEW.timing_out_at IS NULL AND NEW.timeout IS NOT NULL THEN
     NEW.timing_out_at := statement_timestamp() + NEW.timeout * interval '1 second';
@@ -99,10 +104,48 @@ BEGIN
 END;
 $$;
 
+-- A root job, queued by postjob_sa's enqueue: its row in postjob.unfinished and its record
+-- written by the same call (no trigger runs), an idle worker woken; its id, or NULL when an
+-- unfinished job holds the unique key (ON CONFLICT: a concurrent enqueue of the same key
+-- waits for the other transaction instead of failing). A function, so that its statements'
+-- plans are kept for the session's next call.
+CREATE OR REPLACE FUNCTION postjob.enqueue_v1(
+  p_workflow varchar, p_args jsonb, p_queue varchar, p_max_attempts integer,
+  p_timeout double precision, p_version varchar, p_tags jsonb, p_run_at timestamptz,
+  p_priority integer, p_unique_key varchar, p_trace_context jsonb)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  v_id bigint := nextval('postjob.postjobs_id_seq');
+  v_run_at timestamptz := COALESCE(p_run_at, statement_timestamp());
+  v_timing_out_at timestamptz := statement_timestamp() + p_timeout * interval '1 second';
+BEGIN
+  INSERT INTO postjob.unfinished (job_id, status, workflow, workflow_version, queue, priority,
+                                  run_at, due, timing_out_at, unique_key)
+  VALUES (v_id, 'ready', p_workflow, p_version, p_queue, p_priority, v_run_at,
+          v_run_at <= statement_timestamp(), v_timing_out_at, p_unique_key)
+  ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  INSERT INTO postjob.postjobs (id, root_id, full_id, workflow, args, queue, max_attempts,
+                                timeout, timing_out_at, workflow_version, tags, next_run_at,
+                                priority, unique_key, unique_key_held, trace_context, queued)
+  VALUES (v_id, v_id, v_id::varchar, p_workflow, p_args, p_queue, p_max_attempts, p_timeout,
+          v_timing_out_at, p_version, p_tags, v_run_at, p_priority, p_unique_key,
+          p_unique_key IS NOT NULL, p_trace_context, true);
+  PERFORM postjob._wake(1);
+  RETURN v_id;
+END;
+$$;
+
 -- Once per statement, after a DELETE (retention, or a tree removed by its root): what the
 -- deleted jobs waited or held goes with them, and their steps and event waits.
 CREATE OR REPLACE FUNCTION postjob._jobs_removed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+  -- their children go with them (and theirs, as this trigger fires again for that delete)
+  IF EXISTS (SELECT 1 FROM postjob.postjobs c JOIN removed r ON c.parent_id = r.id) THEN
+    DELETE FROM postjob.postjobs c USING removed r WHERE c.parent_id = r.id;
+  END IF;
   DELETE FROM postjob.unfinished u USING removed r WHERE u.job_id = r.id;
   UPDATE postjob.queue_slots s SET job_id = NULL FROM removed r WHERE s.job_id = r.id;
   DELETE FROM postjob.steps s USING removed r WHERE s.job_id = r.id;

@@ -44,7 +44,9 @@ CREATE SEQUENCE postjob.lease_tokens;
 
 CREATE TABLE postjob.postjobs (
   id                            bigserial PRIMARY KEY,
-  parent_id                     bigint REFERENCES postjob.postjobs (id) ON DELETE CASCADE,
+  -- the job that spawned it: checked by the insert trigger and removed with it (jobs.sql),
+  -- not by a foreign key, whose check fired on every insert, a root's too
+  parent_id                     bigint,
   root_id                       bigint,
   full_id                       varchar,
   created_at                    timestamptz NOT NULL DEFAULT now(),
@@ -352,7 +354,7 @@ CREATE INDEX event_waits_key_idx ON postjob.event_waits (key);
 -- its row in postjob.unfinished is written and an idle worker woken, row by row (jobs.sql).
 CREATE TRIGGER postjobs_fill_ids BEFORE INSERT ON postjob.postjobs
   FOR EACH ROW
-  WHEN (NEW.root_id IS NULL OR NEW.full_id IS NULL
+  WHEN (NEW.parent_id IS NOT NULL OR NEW.root_id IS NULL OR NEW.full_id IS NULL
         OR (NEW.timing_out_at IS NULL AND NEW.timeout IS NOT NULL)
         OR (NEW.unique_key IS NOT NULL AND NOT NEW.queued))
   EXECUTE FUNCTION postjob._fill_job_ids();

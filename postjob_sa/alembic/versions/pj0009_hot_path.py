@@ -146,9 +146,10 @@ TRIGGERS = r"""
 DROP TRIGGER postjobs_fill_ids ON postjob.postjobs;
 DROP TRIGGER postjobs_added ON postjob.postjobs;
 DROP FUNCTION postjob._jobs_added();
+ALTER TABLE postjob.postjobs DROP CONSTRAINT postjobs_parent_id_fkey;
 CREATE TRIGGER postjobs_fill_ids BEFORE INSERT ON postjob.postjobs
   FOR EACH ROW
-  WHEN (NEW.root_id IS NULL OR NEW.full_id IS NULL
+  WHEN (NEW.parent_id IS NOT NULL OR NEW.root_id IS NULL OR NEW.full_id IS NULL
         OR (NEW.timing_out_at IS NULL AND NEW.timeout IS NOT NULL)
         OR (NEW.unique_key IS NOT NULL AND NOT NEW.queued))
   EXECUTE FUNCTION postjob._fill_job_ids();
@@ -279,8 +280,12 @@ CREATE TRIGGER postjobs_added AFTER INSERT ON postjob.postjobs
   FOR EACH STATEMENT EXECUTE FUNCTION postjob._jobs_added();
 DROP FUNCTION postjob._job_added();
 DROP FUNCTION postjob._first_run_at(postjob.statuses, varchar, timestamptz);
+DROP FUNCTION postjob.enqueue_v1(varchar, jsonb, varchar, integer, double precision, varchar,
+                                 jsonb, timestamptz, integer, varchar, jsonb);
 DROP FUNCTION postjob._wake(integer);
 DROP FUNCTION postjob._stale_call();
+ALTER TABLE postjob.postjobs ADD CONSTRAINT postjobs_parent_id_fkey FOREIGN KEY (parent_id)
+  REFERENCES postjob.postjobs (id) ON DELETE CASCADE NOT VALID;
 DROP FUNCTION postjob.checkout_v4(bigint, varchar, text[], text[], text[], integer,
                                   double precision, boolean, boolean, boolean);
 DROP FUNCTION postjob._checkout_counted(bigint, bigint, varchar, text[], text[], text[], integer,
@@ -328,3 +333,4 @@ def downgrade() -> None:
     own_transaction_retried("\n;\n".join([
         LOCKED, COPY_DOWN, *_sql_files.functions("pj0008"), NEW_DOWN]))
     op.execute("ALTER TABLE postjob.postjobs VALIDATE CONSTRAINT postjobs_lease_while_processing")
+    op.execute("ALTER TABLE postjob.postjobs VALIDATE CONSTRAINT postjobs_parent_id_fkey")
