@@ -27,6 +27,16 @@ WORKER_HEARTBEAT = (
     "%(ids)s::bigint[], %(leases)s::bigint[])"
 )
 
+#: The checkout half of the worker's cycle (below), alone when there are no outcomes to
+#: record (the first checkout after a wait): rows of kind 'job'.
+WORKER_CHECKOUT = (
+    "SELECT 'job' AS kind, c.id, c.lease_token, c.workflow, c.workflow_version, c.args, "
+    "c.queue, c.root_id, c.full_id, c.parent_id, c.attempt, c.max_attempts "
+    "FROM postjob.checkout_v4(%(worker_id)s::bigint, NULL, %(workflows)s::text[], "
+    "%(versions)s::text[], %(queues)s::text[], %(limit)s::integer, %(lease)s::float8, false, "
+    "%(reap)s::boolean, %(promote)s::boolean) c"
+)
+
 #: The worker's cycle, one round trip: record the outcomes (postjob.finish_v4, see
 #: postjob_sa/sql/outcomes.sql: the ok runs as arrays, every other outcome as an element of
 #: the other arrays, the runs that stopped without one; rows of kind 'lost': outcomes not

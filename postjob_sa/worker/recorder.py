@@ -112,8 +112,13 @@ class Recorder:
         a connection failure the outcomes go back to the buffer and the error propagates."""
         base = {"worker_id": worker_id, "lease": self.lease}
         stopped = self.held.take_stopped()
-        statement = _sql.WORKER_CYCLE if checkout is not None else _sql.WORKER_FINISH
-        params = {**base, **outcome_params(outcomes, stopped), **(checkout or {})}
+        if checkout is None:
+            statement, params = _sql.WORKER_FINISH, {**base, **outcome_params(outcomes, stopped)}
+        elif outcomes or stopped:
+            statement = _sql.WORKER_CYCLE
+            params = {**base, **outcome_params(outcomes, stopped), **checkout}
+        else:  # nothing to record: the checkout alone (one plpgsql call, fewer parameters)
+            statement, params = _sql.WORKER_CHECKOUT, {**base, **checkout}
         try:
             try:
                 rows = self._call(conn, statement, params)

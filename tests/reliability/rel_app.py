@@ -103,7 +103,7 @@ def cut(seconds: float) -> str:
         cur.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND (query LIKE '%%postjob.worker_cycle%%' OR query LIKE '%%postjob.finish_v4%%' "
+            "AND (query LIKE '%%postjob.checkout_v4%%' OR query LIKE '%%postjob.finish_v4%%' "
             "OR query LIKE 'EXECUTE postjob_%%')"
         )
     time.sleep(seconds)
