@@ -233,6 +233,11 @@ JOB_ENQUEUE = text(
     "SELECT j.id, postjob._wake(1) AS woken FROM j"
 )
 
+#: Enqueues of children of one parent, one transaction at a time (the record is partitioned:
+#: no unique index keeps a parent's children one per workflow and args; a spawn is kept so by
+#: the parent's lease).
+JOB_CHILDREN_LOCK = text("SELECT pg_advisory_xact_lock(1886023987, hashint8(:parent_id))")
+
 #: A child job (the parent's ids and trace context are the trigger's to fill in), or nothing
 #: when the parent has this child already (see JOB_CHILD_BY_KEY) or an unfinished job holds
 #: the unique key.
@@ -242,8 +247,12 @@ JOB_ENQUEUE_CHILD = text(
     "SELECT :workflow, CAST(:args AS jsonb), :queue, :max_attempts, :timeout, :version, "
     "CAST(:tags AS jsonb), :parent_id, COALESCE(CAST(:run_at AS timestamptz), now()), "
     ":priority, :unique_key, CAST(:trace_context AS jsonb) "
-    "WHERE CAST(:unique_key AS varchar) IS NULL OR NOT EXISTS ("
-    "  SELECT 1 FROM postjob.unfinished WHERE unique_key = CAST(:unique_key AS varchar)) "
+    "WHERE (CAST(:unique_key AS varchar) IS NULL OR NOT EXISTS ("
+    "  SELECT 1 FROM postjob.unfinished WHERE unique_key = CAST(:unique_key AS varchar))) "
+    "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs e "
+    "  WHERE e.parent_id = CAST(:parent_id AS bigint) AND e.id > CAST(:parent_id AS bigint) "
+    "  AND e.workflow = CAST(:workflow AS varchar) AND e.workflow_method = 'run' "
+    "  AND md5(e.args::text) = md5(CAST(:args AS jsonb)::text)) "
     "ON CONFLICT DO NOTHING "
     "RETURNING id, root_id, full_id"
 )
@@ -254,7 +263,8 @@ JOB_BY_UNIQUE_KEY = text(
 )
 
 JOB_CHILD_BY_KEY = text(
-    "SELECT id FROM postjob.postjobs WHERE parent_id = :parent_id AND workflow = :workflow "
+    "SELECT id FROM postjob.postjobs WHERE parent_id = :parent_id AND id > :parent_id "
+    "AND workflow = :workflow "
     "AND workflow_method = 'run' AND md5(args::text) = md5(CAST(:args AS jsonb)::text)"
 )
 

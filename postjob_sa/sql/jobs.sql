@@ -100,9 +100,15 @@ END;
 $$;
 
 -- Once per statement, after a DELETE (retention, or a tree removed by its root): what the
--- deleted jobs waited or held goes with them, and their steps and event waits.
+-- deleted jobs waited or held goes with them, their steps, event waits and tokens, and their
+-- children (whose removal comes back here: a tree goes whole). A child has a later id than
+-- its parent, which prunes the ranges of the record the children are looked for in.
 CREATE OR REPLACE FUNCTION postjob._jobs_removed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+  DELETE FROM postjob.postjobs c
+    WHERE c.parent_id IS NOT NULL AND c.id > (SELECT min(r.id) FROM removed r)
+      AND c.parent_id IN (SELECT r.id FROM removed r);
+  DELETE FROM postjob.tokens t USING removed r WHERE t.postjob_id = r.id;
   DELETE FROM postjob.unfinished u USING removed r WHERE u.job_id = r.id;
   UPDATE postjob.queue_slots s SET job_id = NULL FROM removed r WHERE s.job_id = r.id;
   DELETE FROM postjob.steps s USING removed r WHERE s.job_id = r.id;
@@ -116,6 +122,7 @@ $$;
 CREATE OR REPLACE FUNCTION postjob._jobs_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   TRUNCATE postjob.unfinished, postjob.steps, postjob.event_waits, postjob.wakeups;
+  DELETE FROM postjob.tokens;  -- a DELETE: the same statement may truncate it too
   UPDATE postjob.queue_slots SET job_id = NULL WHERE job_id IS NOT NULL;
   RETURN NULL;
 END;
