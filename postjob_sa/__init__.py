@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from postjob_sa import migrations
+    from postjob_sa._history import HistoryRange, HistorySettings, RotationReport
     from postjob_sa._migrations import VERSION_LOCATION, downgrade, include_object, migrate
     from postjob_sa.async_queue import AsyncJobQueue
     from postjob_sa.context import (
@@ -61,6 +62,7 @@ _HOMES = {
     "VERSION_LOCATION": "_migrations", "downgrade": "_migrations",
     "include_object": "_migrations", "migrate": "_migrations",
     "AsyncJobQueue": "async_queue",
+    "HistoryRange": "_history", "HistorySettings": "_history", "RotationReport": "_history",
     "ChildHandle": "context", "RunningJob": "context", "current_job": "context",
     "current_session": "context", "manual": "context", "set_workflow_status": "context",
     "set_workflow_status_async": "context",
@@ -109,6 +111,8 @@ __all__ = [
     "ChildFailed",
     "ChildHandle",
     "EventTimeout",
+    "HistoryRange",
+    "HistorySettings",
     "InvalidArgument",
     "InvalidJobState",
     "Job",
@@ -121,6 +125,7 @@ __all__ = [
     "QueueLimit",
     "Registry",
     "ResultNotJSON",
+    "RotationReport",
     "RunningJob",
     "Schedule",
     "SchemaError",

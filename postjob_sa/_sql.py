@@ -459,3 +459,19 @@ SCHEDULES_LIST = text(
     "FROM postjob.schedules s LEFT JOIN postjob.postjobs j ON j.id = s.last_job_id "
     "ORDER BY s.name"
 )
+
+# -- history (postjob_sa/sql/history.sql) ------------------------------------------------------
+
+HISTORY_SET = text(
+    "INSERT INTO postjob.history_settings (id, keep, partition_size, updated_at) "
+    "VALUES (true, CAST(:keep AS interval), :partition_size, now()) "
+    "ON CONFLICT (id) DO UPDATE SET keep = EXCLUDED.keep, "
+    "partition_size = EXCLUDED.partition_size, updated_at = EXCLUDED.updated_at")
+HISTORY_SETTINGS = text("SELECT keep, partition_size FROM postjob._history_settings()")
+#: One rotation (see postjob.rotate_history): a row per range it did something with.
+HISTORY_ROTATE_SQL = ("SELECT action, name, from_id, to_id, jobs, root_id, detail "
+                      "FROM postjob.rotate_history()")
+HISTORY_ROTATE = text(HISTORY_ROTATE_SQL)
+HISTORY_STATUS = text(
+    "SELECT name, from_id, to_id, jobs, bytes, newest_settle, pinned_by "
+    "FROM postjob.history_status()")

@@ -267,7 +267,7 @@ class Schedule(Base):
     )
 
 
-class HistorySettings(Base):
+class HistorySettingsRecord(Base):
     """How history is kept (``JobQueue.set_history``): the one row of
     ``postjob.history_settings``, or none for the defaults."""
 
@@ -291,7 +291,7 @@ class HistorySettings(Base):
     )
 
 
-class HistoryPartition(Base):
+class HistoryRangeCheck(Base):
     """What the rotation read of one range of the record: ``postjob.history_partitions``."""
 
     __tablename__ = "history_partitions"

@@ -47,8 +47,8 @@ from postjob_sa._schema_base import (
 )
 from postjob_sa._tables import (
     EventKey,
-    HistoryPartition,
-    HistorySettings,
+    HistoryRangeCheck,
+    HistorySettingsRecord,
     Lease,
     QueueLimit,
     QueueSlot,
@@ -62,7 +62,7 @@ from postjob_sa._tables import (
 from postjob_sa.errors import InvalidJobState
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_QUEUE", "FINAL_STATUSES", "MANUAL_WORKFLOW", "SCHEMA",
-           "HistoryPartition", "HistorySettings",
+           "HistoryRangeCheck", "HistorySettingsRecord",
            "WAITING_STATUSES", "Base", "EventKey", "Job", "Lease", "QueueLimit", "QueueSlot",
            "QueueStart", "Schedule", "Status", "Token", "Unfinished", "Waiting", "Wakeup",
            "Worker",
