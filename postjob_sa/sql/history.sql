@@ -131,7 +131,18 @@ BEGIN
   END IF;
   PERFORM set_config('lock_timeout', '5s', true);
   SELECT s.keep, s.partition_size INTO v_keep, v_size FROM postjob._history_settings() s;
-  SELECT COALESCE(max(h.to_id), 1) INTO v_top FROM postjob._history_ranges() h;
+  SELECT max(h.to_id) INTO v_top FROM postjob._history_ranges() h;
+  -- fallen behind by more than a range: one range for the gap, then ranges of v_size
+  v_from := (v_last / v_size) * v_size;
+  IF v_top IS NULL THEN
+    v_top := v_from;
+  ELSIF v_top < v_from THEN
+    action := 'created'; name := 'postjobs_from_' || v_top; from_id := v_top;
+    to_id := v_from; root_id := NULL; detail := NULL;
+    jobs := postjob._history_add_range(v_top, v_from);
+    RETURN NEXT;
+    v_top := v_from;
+  END IF;
   WHILE v_top <= v_last + v_size LOOP
     action := 'created'; name := 'postjobs_from_' || v_top; from_id := v_top;
     to_id := v_top + v_size; root_id := NULL; detail := NULL;
