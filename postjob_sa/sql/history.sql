@@ -108,11 +108,13 @@ $$;
 -- dropped (jobs: dropped), pinned (root_id: the unfinished tree; detail: a host's foreign
 -- key, when rows of the host refer to its jobs), kept (its newest settle is within keep),
 -- busy (another rotation runs, or a lock was not had within 5 s). Runs in the caller's
--- transaction: what it drops is gone when that commits.
+-- transaction: what it drops is gone when that commits. It runs as the schema's owner (only
+-- a table's owner may attach or detach its partitions): a worker's role needs no more than
+-- its grants (docs/operations.md); what it does is what the settings say.
 CREATE OR REPLACE FUNCTION postjob.rotate_history()
 RETURNS TABLE (action text, name text, from_id bigint, to_id bigint, jobs bigint,
                root_id bigint, detail text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
   v_keep interval;
@@ -193,11 +195,12 @@ $$;
 
 -- The ranges as `postjob history status` lists them: ids, jobs (counted in a small range,
 -- else as the statistics say), bytes on disk, the newest settle the rotation read, and the
--- unfinished tree that pins it. The default partition comes last (its ids NULL).
+-- unfinished tree that pins it. The default partition comes last (its ids NULL). As the
+-- owner, like the rotation (it counts the jobs of a range, which no grant names).
 CREATE OR REPLACE FUNCTION postjob.history_status()
 RETURNS TABLE (name text, from_id bigint, to_id bigint, jobs bigint, bytes bigint,
                newest_settle timestamptz, pinned_by bigint)
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
   v_roots bigint[] := postjob._history_live_roots();
