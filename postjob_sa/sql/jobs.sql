@@ -105,6 +105,9 @@ $$;
 -- its parent, which prunes the ranges of the record the children are looked for in.
 CREATE OR REPLACE FUNCTION postjob._jobs_removed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+  IF NOT EXISTS (SELECT 1 FROM removed) THEN
+    RETURN NULL;  -- the statement removed nothing (the last generation had no children)
+  END IF;
   DELETE FROM postjob.postjobs c
     WHERE c.parent_id IS NOT NULL AND c.id > (SELECT min(r.id) FROM removed r)
       AND c.parent_id IN (SELECT r.id FROM removed r);
