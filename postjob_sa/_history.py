@@ -46,12 +46,15 @@ class HistoryRange:
 
 @dataclass
 class RotationReport:
-    """What one rotation did: the ranges created, the ranges dropped and their jobs, the
-    ranges kept because an unfinished tree (or a host's row) pins them, ``(name, root id or
-    None, detail)``, and whether another rotation was running (then this one did nothing)."""
+    """What one rotation did: the ranges created (and the jobs moved there from the default
+    partition), the ranges dropped and their jobs, the range compacted (rewritten into full
+    pages), the ranges kept because an unfinished tree (or a host's row) pins them, ``(name,
+    root id or None, detail)``, and whether another rotation was running (then this one did
+    nothing)."""
 
     created: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    compacted: list[str] = field(default_factory=list)
     jobs_dropped: int = 0
     jobs_moved: int = 0
     pinned: list[tuple[str, int | None, str | None]] = field(default_factory=list)
@@ -68,7 +71,9 @@ class RotationReport:
             elif action == "dropped":
                 report.dropped.append(name)
                 report.jobs_dropped += int(row["jobs"])
-            elif action == "pinned":
+            elif action == "compacted":
+                report.compacted.append(name)
+            elif action == "pinned" and name not in [p[0] for p in report.pinned]:
                 report.pinned.append((name, row["root_id"], row["detail"]))
             elif action == "busy":
                 report.busy = True
@@ -82,6 +87,8 @@ class RotationReport:
                                                           if self.created else ""),
                f"dropped {len(self.dropped)} range(s), {self.jobs_dropped} job(s)"
                + (f": {', '.join(self.dropped)}" if self.dropped else "")]
+        if self.compacted:
+            out.append(f"compacted {', '.join(self.compacted)}")
         for name, root, detail in self.pinned:
             out.append(f"kept {name}: " + (f"job tree {root} is unfinished" if root is not None
                                            else str(detail)))

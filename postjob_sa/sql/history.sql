@@ -102,10 +102,52 @@ BEGIN
 END;
 $$;
 
+-- Compact the closed range p_name, [p_from, p_to), which holds no unfinished job: its jobs
+-- copied in id order into a range of full pages (fillfactor 100: settled jobs are not
+-- updated again, or seldom), swapped in for it. Writes to the range wait for the copy (a
+-- SHARE lock: its reads go on); returns its jobs.
+CREATE OR REPLACE FUNCTION postjob._history_compact(p_name text, p_from bigint, p_to bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  v_new text := p_name || '_compact';
+  v_columns text := (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
+                     FROM pg_attribute a
+                     WHERE a.attrelid = 'postjob.postjobs'::regclass AND a.attnum > 0
+                       AND NOT a.attisdropped);
+  v_jobs bigint;
+BEGIN
+  EXECUTE format('LOCK TABLE postjob.%I IN SHARE MODE', p_name);
+  IF EXISTS (SELECT 1 FROM postjob.unfinished u WHERE u.job_id >= p_from AND u.job_id < p_to)
+  THEN
+    RETURN NULL;  -- a job of it was reset meanwhile
+  END IF;
+  EXECUTE format('CREATE TABLE postjob.%I (LIKE postjob.postjobs INCLUDING DEFAULTS '
+                 'INCLUDING CONSTRAINTS) WITH (fillfactor = 100, '
+                 'autovacuum_vacuum_scale_factor = 0.02, '
+                 'autovacuum_vacuum_insert_scale_factor = 0.02, '
+                 'autovacuum_analyze_scale_factor = 0.02)', v_new);
+  EXECUTE format('INSERT INTO postjob.%I (%s) SELECT %s FROM postjob.%I ORDER BY id',
+                 v_new, v_columns, v_columns, p_name);
+  GET DIAGNOSTICS v_jobs = ROW_COUNT;
+  EXECUTE format('ALTER TABLE postjob.%I ADD CONSTRAINT %I CHECK (id >= %s AND id < %s)',
+                 v_new, v_new || '_range', p_from, p_to);
+  EXECUTE format('ALTER TABLE postjob.postjobs DETACH PARTITION postjob.%I', p_name);
+  EXECUTE format('ALTER TABLE postjob.postjobs ATTACH PARTITION postjob.%I '
+                 'FOR VALUES FROM (%s) TO (%s)', v_new,
+                 CASE WHEN p_from = -9223372036854775808 THEN 'MINVALUE' ELSE p_from::text END,
+                 p_to);
+  EXECUTE format('ALTER TABLE postjob.%I DROP CONSTRAINT %I', v_new, v_new || '_range');
+  EXECUTE format('DROP TABLE postjob.%I', p_name);
+  EXECUTE format('ALTER TABLE postjob.%I RENAME TO %I', v_new, p_name);
+  RETURN v_jobs;
+END;
+$$;
+
 -- One rotation: the ranges ahead (the one of the next id and the one after it), then, with
--- a keep set, each closed range past it that nothing pins dropped. One row per range it
--- did something with or left: action created (jobs: moved from the default partition),
--- dropped (jobs: dropped), pinned (root_id: the unfinished tree; detail: a host's foreign
+-- a keep set, each closed range past it that nothing pins dropped, then the oldest closed
+-- range of settled jobs not compacted yet compacted. One row per range it did something
+-- with or left: action created (jobs: moved from the default partition), dropped (jobs:
+-- dropped), compacted (jobs: copied), pinned (root_id: the unfinished tree; detail: a host's foreign
 -- key, when rows of the host refer to its jobs), kept (its newest settle is within keep),
 -- busy (another rotation runs, or a lock was not had within 5 s). Runs in the caller's
 -- transaction: what it drops is gone when that commits. It runs as the schema's owner (only
@@ -189,6 +231,32 @@ BEGIN
       RETURN NEXT;
     END LOOP;
   END IF;
+  -- one closed range of settled jobs compacted per rotation (the oldest first)
+  FOR v_range IN
+    SELECT h.* FROM postjob._history_ranges() h JOIN pg_class c ON c.relname = h.name
+      AND c.relnamespace = 'postjob'::regnamespace
+    WHERE h.to_id <= v_last + 1
+      AND NOT COALESCE(c.reloptions @> ARRAY['fillfactor=100'], false)
+      AND NOT EXISTS (SELECT 1 FROM postjob.unfinished u
+                      WHERE u.job_id >= COALESCE(h.from_id, -9223372036854775808)
+                        AND u.job_id < h.to_id)
+    ORDER BY h.to_id LIMIT 1
+  LOOP
+    name := v_range.name; from_id := v_range.from_id; to_id := v_range.to_id;
+    root_id := NULL; detail := NULL;
+    BEGIN
+      jobs := postjob._history_compact(v_range.name,
+                                       COALESCE(v_range.from_id, -9223372036854775808),
+                                       v_range.to_id);
+      action := CASE WHEN jobs IS NULL THEN 'kept' ELSE 'compacted' END;
+    EXCEPTION
+      WHEN foreign_key_violation THEN
+        action := 'pinned'; detail := SQLERRM;
+      WHEN lock_not_available THEN
+        action := 'busy'; detail := SQLERRM;
+    END;
+    RETURN NEXT;
+  END LOOP;
   PERFORM set_config('lock_timeout', v_lock_timeout, true);
 END;
 $$;

@@ -162,7 +162,7 @@ class Upkeep:
             line = f"history rotation failed: {exc}"
             log.warning(line)
             return [line]
-        if not (report.created or report.dropped):
+        if not (report.created or report.dropped or report.compacted):
             return []
         line = "history: " + "; ".join(report.lines())
         log.info(line)

@@ -314,3 +314,48 @@ def test_the_upkeep_rotates_history(fresh: Engine) -> None:
     assert any("postjobs_from_1000000" in line for line in lines), lines
     with fresh.connect() as c:
         assert "postjobs_from_1000000" in [r[0] for r in c.execute(RANGES)]
+
+
+NOOPS = text(
+    "INSERT INTO postjob.postjobs (workflow, args, queue, status, queued) "
+    "SELECT 'hist.noop', '[]', 'q', 'ready', true FROM generate_series(1, :n)")
+SIZE = text("SELECT pg_total_relation_size(CAST(:t AS regclass))")
+
+
+def test_a_closed_range_of_settled_jobs_is_compacted_into_full_pages(fresh: Engine) -> None:
+    """Open ranges keep half their pages free (a job's updates stay on its page); once a range
+    is closed and its jobs settled, the rotation rewrites it into full pages: at most 260
+    bytes on disk per finished no-op job (546 in pj0009's record)."""
+    n = 20_000
+    with Session(fresh) as s:
+        JobQueue(s).set_history(partition_size=n)
+        s.commit()
+    _at(fresh, 1_000_000)
+    _rotate(fresh)  # [1,000,000, 1,020,000) and the next
+    with fresh.begin() as conn:
+        conn.execute(NOOPS, {"n": n})  # as enqueued, then settled by their runs: updated once
+        conn.execute(text("UPDATE postjob.postjobs SET status = 'ok', results = '[null]', "
+                          "updated_at = now() WHERE workflow = 'hist.noop'"))
+    vacuum = fresh.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        vacuum.execute(text("VACUUM (ANALYZE) postjob.postjobs"))
+        before = vacuum.execute(SIZE, {"t": "postjob.postjobs_from_1000000"}).scalar_one()
+        _at(fresh, 1_020_000)  # the range is closed
+        report = _rotate(fresh)
+        assert report.compacted == ["postjobs_from_1000000"]
+        vacuum.execute(text("VACUUM (ANALYZE) postjob.postjobs"))
+        after = vacuum.execute(SIZE, {"t": "postjob.postjobs_from_1000000"}).scalar_one()
+        options = vacuum.execute(text(
+            "SELECT reloptions FROM pg_class WHERE oid = 'postjob.postjobs_from_1000000'::regclass"
+        )).scalar_one()
+    finally:
+        vacuum.close()
+    assert "fillfactor=100" in options
+    print(f"bytes per finished no-op job: {before / n:.0f} open, {after / n:.0f} compacted")
+    assert after / n <= 260, (before / n, after / n)
+    assert after < before * 0.7
+    with Session(fresh) as s:
+        assert s.scalar(select(Job.id).where(Job.id == 1_010_000)) == 1_010_000
+        assert s.execute(text("SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'")
+                         ).scalar() == n
+    assert _rotate(fresh).compacted == []  # once
