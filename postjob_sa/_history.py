@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from postjob_sa import _sql
@@ -111,7 +112,7 @@ def set_settings(session: Session, settings: HistorySettings) -> None:
                                        "partition_size": settings.partition_size})
 
 
-def settings(session: Session) -> HistorySettings:
+def settings(session: Session | Connection) -> HistorySettings:
     row = session.execute(_sql.HISTORY_SETTINGS).one()
     return HistorySettings(row.keep, int(row.partition_size))
 
@@ -120,5 +121,5 @@ def rotate(session: Session) -> RotationReport:
     return RotationReport.of([dict(r) for r in session.execute(_sql.HISTORY_ROTATE).mappings()])
 
 
-def status(session: Session) -> list[HistoryRange]:
+def status(session: Session | Connection) -> list[HistoryRange]:
     return [HistoryRange(**dict(row)) for row in session.execute(_sql.HISTORY_STATUS).mappings()]
