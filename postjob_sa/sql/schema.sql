@@ -27,6 +27,8 @@
 --      starts (postjob.queue_starts) by number;
 --   5. steps and event waits (postjob.steps, postjob.event_waits) of jobs locked above.
 -- A checkout never waits for a row: it takes job rows, places and starts with SKIP LOCKED.
+-- The rotation of history (history.sql) runs one at a time (an advisory lock) and takes only
+-- table locks of the record's ranges, with a 5 s lock_timeout: it never holds a row lock.
 -- The one order a function cannot always keep is a tree that grows while it is cancelled or
 -- reset (a descendant spawned meanwhile has a later id than rows already locked): those
 -- functions try again when PostgreSQL reports a deadlock, so none reaches a caller.
