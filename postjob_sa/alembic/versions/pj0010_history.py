@@ -298,7 +298,8 @@ DROP FUNCTION postjob._history_last_id();
 DROP FUNCTION postjob._history_live_roots();
 DROP FUNCTION postjob._history_pin(bigint, bigint, bigint[]);
 DROP FUNCTION postjob._history_add_range(bigint, bigint);
-DROP FUNCTION postjob._history_drop_range(text, bigint, bigint)
+DROP FUNCTION postjob._history_drop_range(text, bigint, bigint);
+DROP FUNCTION postjob._history_compact(text, bigint, bigint)
 """
 
 VERSION_DOWN = r"""
