@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from postjob_sa import migrations
-    from postjob_sa._migrations import VERSION_LOCATION, downgrade, include_object, migrate
+    from postjob_sa._history import HistoryRange, HistorySettings, RotationReport
+    from postjob_sa._migrations import (
+        VERSION_LOCATION,
+        downgrade,
+        include_object,
+        include_postjob_schema,
+        migrate,
+    )
     from postjob_sa.async_queue import AsyncJobQueue
     from postjob_sa.context import (
         ChildHandle,
@@ -59,8 +66,10 @@ if TYPE_CHECKING:
 #: Where each public name is defined.
 _HOMES = {
     "VERSION_LOCATION": "_migrations", "downgrade": "_migrations",
-    "include_object": "_migrations", "migrate": "_migrations",
+    "include_object": "_migrations", "include_postjob_schema": "_migrations",
+    "migrate": "_migrations",
     "AsyncJobQueue": "async_queue",
+    "HistoryRange": "_history", "HistorySettings": "_history", "RotationReport": "_history",
     "ChildHandle": "context", "RunningJob": "context", "current_job": "context",
     "current_session": "context", "manual": "context", "set_workflow_status": "context",
     "set_workflow_status_async": "context",
@@ -109,6 +118,8 @@ __all__ = [
     "ChildFailed",
     "ChildHandle",
     "EventTimeout",
+    "HistoryRange",
+    "HistorySettings",
     "InvalidArgument",
     "InvalidJobState",
     "Job",
@@ -121,6 +132,7 @@ __all__ = [
     "QueueLimit",
     "Registry",
     "ResultNotJSON",
+    "RotationReport",
     "RunningJob",
     "Schedule",
     "SchemaError",
@@ -132,6 +144,7 @@ __all__ = [
     "current_session",
     "downgrade",
     "include_object",
+    "include_postjob_schema",
     "manual",
     "metadata",
     "migrate",

@@ -22,9 +22,10 @@ from sqlalchemy import Connection
 #: The tables every job inserts a row into and deletes it from (postjob.unfinished), and the
 #: places and starts of limited queues, which every job of one updates.
 HOT_TABLES = ("postjob.unfinished", "postjob.queue_slots", "postjob.queue_starts")
-#: The job record. Its updates are HOT, so it needs no help to stay small, but the plans the
-#: workers' sessions cache for it (generic plans, see postjob_sa/sql/) are made from its
-#: statistics: a plan made while it was small scans it whole until an ANALYZE comes.
+#: The job record: its ranges (the partitions of postjob.postjobs, each a relation here). Its
+#: updates are HOT, so it needs no help to stay small, but the plans the workers' sessions
+#: cache for it (generic plans, see postjob_sa/sql/) are made from its ranges' statistics: a
+#: plan made while a range was small scans it whole until an ANALYZE comes.
 RECORD_TABLE = "postjob.postjobs"
 
 #: A hot table is vacuumed once it holds this many dead rows, plus DEAD_FRACTION of its live
@@ -64,9 +65,12 @@ _DEFAULT_FILLFACTOR = {False: 100, True: 90}
 #: ``%(tables)s`` is HOT_TABLES; run on a worker's Conn or with exec_driver_sql.
 HOT_RELATIONS_STATE = (
     "WITH hot AS ("
-    "  SELECT t.oid AS table_oid, h.name = %(record)s AS is_record "
-    "  FROM unnest(%(tables)s::text[] || %(record)s::text) AS h(name) "
-    "  JOIN pg_class t ON t.oid = to_regclass(h.name)"
+    "  SELECT t.oid AS table_oid, false AS is_record "
+    "  FROM unnest(%(tables)s::text[]) AS h(name) JOIN pg_class t ON t.oid = to_regclass(h.name) "
+    "  UNION ALL SELECT r.oid, true FROM pg_class r "
+    "  WHERE r.oid = to_regclass(%(record)s) AND r.relkind = 'r' "
+    "  UNION ALL SELECT i.inhrelid, true FROM pg_inherits i "
+    "  WHERE i.inhparent = to_regclass(%(record)s)"
     "), rels AS ("
     "  SELECT table_oid, is_record, table_oid AS oid, false AS is_index, true AS valid FROM hot "
     "  UNION ALL "

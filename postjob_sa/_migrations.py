@@ -295,6 +295,31 @@ def check_schema(conn: Connection) -> None:
     check_revision(read_revision(scalar), read_oldest_served(scalar))
 
 
+def _is_range(obj: Any, type_: str) -> bool:
+    """A range of the job record (a partition the rotation made), its index, or a per-range
+    copy PostgreSQL keeps of a foreign key to the record."""
+    if type_ == "foreign_key_constraint":
+        table = getattr(obj, "referred_table", None)
+    elif type_ == "table":
+        table = obj
+    else:
+        table = getattr(obj, "table", None)
+    name = str(getattr(table, "name", ""))
+    return getattr(table, "schema", None) == SCHEMA and (
+        name.startswith("postjobs_from_") or name == "postjobs_default")
+
+
+def include_postjob_schema(obj: Any, name: str | None, type_: str, reflected: bool,
+                           compare_to: Any) -> bool:
+    """For a host's env.py that compares our schema too (``target_metadata=[Base.metadata,
+    postjob_sa.metadata]``): leaves out only what no model describes, the ranges of the job
+    record that the rotation makes and drops, and the version table of ``postjob db migrate``.
+    """
+    if type_ == "table" and name == VERSION_TABLE:
+        return False
+    return not (reflected and _is_range(obj, type_))
+
+
 def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
     """For a host's env.py: keep autogenerate away from the ``postjob`` schema.
 
@@ -304,5 +329,9 @@ def include_object(obj: Any, name: str | None, type_: str, reflected: bool, comp
     if schema is None and hasattr(obj, "table"):
         schema = getattr(obj.table, "schema", None)
     if type_ == "table" and name == VERSION_TABLE:
+        return False
+    if reflected and _is_range(obj, type_):
+        # a key to the job record is reflected once more per range of it (PostgreSQL keeps
+        # one constraint per partition): the host's model names the record itself
         return False
     return schema != SCHEMA

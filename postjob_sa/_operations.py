@@ -5,12 +5,13 @@ transaction, and its validation fails before anything is written."""
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from postjob_sa import _limits, _sql, _validate
+from postjob_sa import _history, _limits, _sql, _validate
 from postjob_sa._db import sqlstate
 from postjob_sa._migrations import schema_checked
 from postjob_sa.durable import events
@@ -178,6 +179,32 @@ class JobOperations:
     def queue_limits(self) -> list[QueueLimit]:
         """The limited queues, by name."""
         return _limits.list_limits(self.session)
+
+    @schema_checked
+    def set_history(self, keep: timedelta | None = None,
+                    partition_size: int = _history.DEFAULT_PARTITION_SIZE) -> None:
+        """Keep a finished job ``keep`` after it settled (None: for ever), in ranges of
+        ``partition_size`` job ids (at least 1,000; ranges made from now on). Written in the
+        caller's transaction; InvalidArgument before anything is written."""
+        _history.set_settings(self.session, _history.checked(keep, partition_size))
+
+    @schema_checked
+    def history_settings(self) -> _history.HistorySettings:
+        """The settings :meth:`set_history` wrote (or the defaults)."""
+        return _history.settings(self.session)
+
+    @schema_checked
+    def rotate_history(self) -> _history.RotationReport:
+        """Create the ranges ahead and drop each range past ``keep`` that holds no job of an
+        unfinished tree; returns what it did. One rotation at a time across the fleet (a
+        second one meanwhile does nothing, ``busy``). Runs in the caller's transaction: its
+        locks are held, and its drops done, until that commits."""
+        return _history.rotate(self.session)
+
+    @schema_checked
+    def history_status(self) -> list[_history.HistoryRange]:
+        """The ranges of the record, by id, the default partition last."""
+        return _history.status(self.session)
 
     @schema_checked
     def force(self, job_id: int) -> None:

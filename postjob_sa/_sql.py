@@ -228,6 +228,11 @@ JOB_ENQUEUE = text(
     ":unique_key, CAST(:trace_context AS jsonb)) AS id"
 )
 
+#: Enqueues of children of one parent, one transaction at a time (the record is partitioned:
+#: no unique index keeps a parent's children one per workflow and args; a spawn is kept so by
+#: the parent's lease).
+JOB_CHILDREN_LOCK = text("SELECT pg_advisory_xact_lock(1886023987, hashint8(:parent_id))")
+
 #: A child job (the parent's ids and trace context are the trigger's to fill in), or nothing
 #: when the parent has this child already (see JOB_CHILD_BY_KEY) or an unfinished job holds
 #: the unique key.
@@ -237,8 +242,12 @@ JOB_ENQUEUE_CHILD = text(
     "SELECT :workflow, CAST(:args AS jsonb), :queue, :max_attempts, :timeout, :version, "
     "CAST(:tags AS jsonb), :parent_id, COALESCE(CAST(:run_at AS timestamptz), now()), "
     ":priority, :unique_key, CAST(:trace_context AS jsonb) "
-    "WHERE CAST(:unique_key AS varchar) IS NULL OR NOT EXISTS ("
-    "  SELECT 1 FROM postjob.unfinished WHERE unique_key = CAST(:unique_key AS varchar)) "
+    "WHERE (CAST(:unique_key AS varchar) IS NULL OR NOT EXISTS ("
+    "  SELECT 1 FROM postjob.unfinished WHERE unique_key = CAST(:unique_key AS varchar))) "
+    "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs e "
+    "  WHERE e.parent_id = CAST(:parent_id AS bigint) AND e.id > CAST(:parent_id AS bigint) "
+    "  AND e.workflow = CAST(:workflow AS varchar) AND e.workflow_method = 'run' "
+    "  AND md5(e.args::text) = md5(CAST(:args AS jsonb)::text)) "
     "ON CONFLICT DO NOTHING "
     "RETURNING id, root_id, full_id"
 )
@@ -249,7 +258,8 @@ JOB_BY_UNIQUE_KEY = text(
 )
 
 JOB_CHILD_BY_KEY = text(
-    "SELECT id FROM postjob.postjobs WHERE parent_id = :parent_id AND workflow = :workflow "
+    "SELECT id FROM postjob.postjobs WHERE parent_id = :parent_id AND id > :parent_id "
+    "AND workflow = :workflow "
     "AND workflow_method = 'run' AND md5(args::text) = md5(CAST(:args AS jsonb)::text)"
 )
 
@@ -444,3 +454,19 @@ SCHEDULES_LIST = text(
     "FROM postjob.schedules s LEFT JOIN postjob.postjobs j ON j.id = s.last_job_id "
     "ORDER BY s.name"
 )
+
+# -- history (postjob_sa/sql/history.sql) ------------------------------------------------------
+
+HISTORY_SET = text(
+    "INSERT INTO postjob.history_settings (id, keep, partition_size, updated_at) "
+    "VALUES (true, CAST(:keep AS interval), :partition_size, now()) "
+    "ON CONFLICT (id) DO UPDATE SET keep = EXCLUDED.keep, "
+    "partition_size = EXCLUDED.partition_size, updated_at = EXCLUDED.updated_at")
+HISTORY_SETTINGS = text("SELECT keep, partition_size FROM postjob._history_settings()")
+#: One rotation (see postjob.rotate_history): a row per range it did something with.
+HISTORY_ROTATE_SQL = ("SELECT action, name, from_id, to_id, jobs, root_id, detail "
+                      "FROM postjob.rotate_history()")
+HISTORY_ROTATE = text(HISTORY_ROTATE_SQL)
+HISTORY_STATUS = text(
+    "SELECT name, from_id, to_id, jobs, bytes, newest_settle, pinned_by "
+    "FROM postjob.history_status()")

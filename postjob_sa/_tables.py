@@ -4,7 +4,7 @@ functions; the models are for reading them and for Alembic's comparison."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import (
     BigInteger,
@@ -14,6 +14,7 @@ from sqlalchemy import (
     Double,
     Index,
     Integer,
+    Interval,
     String,
     Text,
     func,
@@ -264,3 +265,40 @@ class Schedule(Base):
         CheckConstraint("(cron IS NULL) <> (every IS NULL)", name="schedules_cron_or_every"),
         {"schema": SCHEMA},
     )
+
+
+class HistorySettingsRecord(Base):
+    """How history is kept (``JobQueue.set_history``): the one row of
+    ``postjob.history_settings``, or none for the defaults."""
+
+    __tablename__ = "history_settings"
+
+    id: Mapped[bool] = mapped_column(Boolean, primary_key=True, server_default=text("true"))
+    #: how long a finished job is kept after it settled; None: for ever
+    keep: Mapped[timedelta | None] = mapped_column(Interval)
+    #: job ids per range of the record
+    partition_size: Mapped[int] = mapped_column(BigInteger, server_default="1000000",
+                                                nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False)
+
+    __table_args__ = (
+        CheckConstraint("id", name="history_settings_one_row"),
+        CheckConstraint("keep IS NULL OR keep > interval '0'",
+                        name="history_settings_keep_positive"),
+        CheckConstraint("partition_size >= 1000", name="history_settings_partition_size"),
+        {"schema": SCHEMA},
+    )
+
+
+class HistoryRangeCheck(Base):
+    """What the rotation read of one range of the record: ``postjob.history_partitions``."""
+
+    __tablename__ = "history_partitions"
+
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    newest_settle: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    checked_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False)
+
+    __table_args__ = ({"schema": SCHEMA},)

@@ -42,6 +42,11 @@ QUEUE_STATS = text(
     "count(*) FILTER (WHERE lease_token IS NOT NULL) AS running "
     "FROM postjob.unfinished WHERE status IN ('ready', 'err', 'sleep') GROUP BY queue"
 )
+#: The ranges of the job record (its partitions, the default one among them) and their bytes
+#: on disk, indexes included: the catalog only.
+HISTORY_SIZE = text(
+    "SELECT count(*) AS ranges, COALESCE(sum(pg_total_relation_size(i.inhrelid)), 0) AS bytes "
+    "FROM pg_inherits i WHERE i.inhparent = 'postjob.postjobs'::regclass")
 STATEMENT_TIMEOUT_SET = text("SELECT set_config('statement_timeout', :ms, true)")
 
 
@@ -84,6 +89,8 @@ class PostjobCollector:
         self.queues: dict[str, QueueStats] = {}
         #: the hot tables and the job record as last sampled (postjob_sa._hot_tables)
         self.tables: list[_hot_tables.Relation] = []
+        #: the record's ranges and their bytes, as last sampled
+        self.history: tuple[int, int] = (0, 0)
         self.sampled_at: float | None = None  # time.time() of the last sample
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -106,9 +113,11 @@ class PostjobCollector:
                                                old.running + int(row.running),
                                                old.manual + int(row.manual))
             tables = _hot_tables.read(conn)  # the catalog and the statistics: cheap
+            history = conn.execute(HISTORY_SIZE).one()
             conn.rollback()
         self.queues = queues
         self.tables = tables
+        self.history = (int(history.ranges), int(history.bytes))
         self.sampled_at = time.time()
 
     def _sample_forever(self) -> None:
@@ -167,11 +176,18 @@ class PostjobCollector:
             if not rel.is_index:
                 dead.add_metric([rel.name], rel.dead_rows)
             size.add_metric([rel.name, rel.table], rel.bytes)
+        ranges = core.GaugeMetricFamily(
+            "postjob_history_partitions",
+            "Ranges of job ids the job record is partitioned by (its default partition too).")
+        ranges.add_metric([], self.history[0])
+        history_bytes = core.GaugeMetricFamily(
+            "postjob_history_bytes", "Bytes on disk of the job record, indexes included.")
+        history_bytes.add_metric([], self.history[1])
         sampled = core.GaugeMetricFamily(
             "postjob_queue_sampled_timestamp_seconds",
             "When the queue metrics were sampled (Unix time; 0 before the first sample).")
         sampled.add_metric([], self.sampled_at or 0.0)
-        yield from (waiting, oldest, running, manual, dead, size, sampled)
+        yield from (waiting, oldest, running, manual, dead, size, ranges, history_bytes, sampled)
 
 
 def serve(port: int, collector: PostjobCollector, *, addr: str = "0.0.0.0",

@@ -17,7 +17,6 @@ from sqlalchemy import (
     ColumnElement,
     DateTime,
     Double,
-    ForeignKey,
     Index,
     Integer,
     String,
@@ -48,6 +47,8 @@ from postjob_sa._schema_base import (
 )
 from postjob_sa._tables import (
     EventKey,
+    HistoryRangeCheck,
+    HistorySettingsRecord,
     Lease,
     QueueLimit,
     QueueSlot,
@@ -61,6 +62,7 @@ from postjob_sa._tables import (
 from postjob_sa.errors import InvalidJobState
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_QUEUE", "FINAL_STATUSES", "MANUAL_WORKFLOW", "SCHEMA",
+           "HistoryRangeCheck", "HistorySettingsRecord",
            "WAITING_STATUSES", "Base", "EventKey", "Job", "Lease", "QueueLimit", "QueueSlot",
            "QueueStart", "Schedule", "Status", "Token", "Unfinished", "Waiting", "Wakeup",
            "Worker",
@@ -82,7 +84,7 @@ class Job(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     #: the job that spawned it (no foreign key: the insert trigger checks it, and a job's
-    #: children are removed with it)
+    #: children go with it by the delete trigger; the record is partitioned)
     parent_id: Mapped[int | None] = mapped_column(BigInteger)
     root_id: Mapped[int | None] = mapped_column(BigInteger)
     full_id: Mapped[str | None] = mapped_column(String)
@@ -149,14 +151,13 @@ class Job(Base):
     # Only columns an ordinary run never changes are indexed, so its updates are HOT (see
     # postjob_sa/sql/schema.sql); what checkout and reaping look up is in Waiting and Lease.
     __table_args__ = (
-        # one child per (parent, workflow, method, args); also serves parent_id lookups
+        # a parent's children, by (workflow, method, args): what spawn looks up
         Index(
-            "postjobs_child_key_idx",
+            "postjobs_children_idx",
             "parent_id",
             "workflow",
             "workflow_method",
             text("md5(args::text)"),
-            unique=True,
             postgresql_where=text("parent_id IS NOT NULL"),
         ),
         # trees (children only: a root is found by its id)
@@ -176,7 +177,8 @@ class Job(Base):
         ),
         # the jobs with an error: failed, timed out, cancelled, or waiting for a retry
         Index("postjobs_errors_idx", "id", postgresql_where=text("error IS NOT NULL")),
-        {"schema": SCHEMA},
+        # ranges of job ids (postjob_sa/sql/history.sql makes and drops them)
+        {"schema": SCHEMA, "postgresql_partition_by": "RANGE (id)"},
     )
 
     def __init__(self, **values: Any) -> None:
@@ -266,12 +268,8 @@ class Token(Base):
     __tablename__ = "tokens"
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    postjob_id: Mapped[int] = mapped_column(
-        BigInteger,
-        ForeignKey("postjob.postjobs.id", ondelete="CASCADE"),
-        nullable=False,
-        unique=True,
-    )
+    #: the job (no foreign key: removed with it, see postjob_sa/sql/jobs.sql)
+    postjob_id: Mapped[int] = mapped_column(BigInteger, nullable=False, unique=True)
     token: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False, unique=True)
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), nullable=False

@@ -222,9 +222,10 @@ class JobQueue(JobOperations):
             "unique_key": None if unique_key is None else _validate.name(unique_key, "unique_key"),
             "trace_context": _tracing.current_context(),
         }
+        conn = self.session.connection()
         if parent_id is not None:
             self._require_job(_validate.job_id(parent_id))
-        conn = self.session.connection()
+            conn.execute(_sql.JOB_CHILDREN_LOCK, params)
         for _ in range(ENQUEUE_TRIES):
             if parent_id is None:
                 job_id: int | None = conn.execute(_sql.JOB_ENQUEUE, params).scalar()

@@ -21,12 +21,12 @@ RETIRE_DIR = SQL_DIR / "retire"
 
 #: The revision that installs the live function files (every earlier one installs its frozen
 #: copy; the freeze recipe moves this on: postjob_sa/sql/README.md).
-LIVE_REVISION = "pj0009"
+LIVE_REVISION = "pj0010"
 
 #: The live function files, in the order they are installed (a LANGUAGE sql body is checked
 #: when it is created, so what it calls comes first; plpgsql bodies are checked when they run).
 FUNCTION_FILES = ("jobs", "checkout", "counted", "workflows", "outcomes", "leases", "operators",
-                  "limits", "schedules", "durable", "compat")
+                  "limits", "schedules", "durable", "history", "compat")
 
 
 def live(name: str) -> str:

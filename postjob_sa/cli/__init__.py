@@ -37,6 +37,8 @@ COMMANDS = {
                   "approval, run it, show it."),
     "event": Entry("event", "event", "Events that durable workflows wait for "
                    "(postjob_sa.wait_for_event)."),
+    "history": Entry("history", "history", "History: ranges of job ids, retention "
+                     "(see docs/operations.md)."),
     "job": Entry("job", "job", "Change jobs."),
     "ps": Entry("ps", "ps", "List root jobs newest first (with IDs: those jobs' trees)."),
     "queue": Entry("queue", "queue", "Per-queue limits, obeyed by every worker."),

@@ -28,7 +28,9 @@ ROOT_JOBS_LIST = text(
     "ORDER BY j.id DESC LIMIT :limit"
 )
 
-#: The subtrees under the given jobs (each job and its descendants), filtered.
+#: The subtrees under the given jobs (each job and its descendants), filtered. A job by its id,
+#: its descendants by the tree index of each range after it (one join with an OR of the two
+#: scanned every range of the record: 1.3 s at 10,000,000 jobs).
 JOB_SUBTREES = text(
     "SELECT DISTINCT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
     "j.workflow, j.workflow_version, j.args, j.status::text AS status, "
@@ -37,8 +39,10 @@ JOB_SUBTREES = text(
     "j.workflow_status, j.tags, j.processing_client, j.processing_client_identifier, "
     "j.processing_started_at, j.processing_max_duration, j.lease_expires_at, now() AS db_now "
     "FROM postjob.postjobs a "
-    "JOIN postjob.jobs j ON j.root_id = a.root_id "
-    "AND (j.id = a.id OR j.full_id LIKE a.full_id || '.%') "
+    "CROSS JOIN LATERAL (SELECT a.id AS id UNION ALL "
+    "  SELECT d.id FROM postjob.postjobs d WHERE d.root_id = a.root_id "
+    "  AND d.parent_id IS NOT NULL AND d.id > a.id AND d.full_id LIKE a.full_id || '.%') t "
+    "JOIN postjob.jobs j ON j.id = t.id "
     "WHERE a.id = ANY(CAST(:ids AS bigint[])) AND "
     "(CAST(:tags AS jsonb) IS NULL OR j.tags @> CAST(:tags AS jsonb)) "
     "AND (CAST(:statuses AS text[]) IS NULL OR j.status::text = ANY(CAST(:statuses AS text[]))) "
@@ -109,7 +113,8 @@ ROLE_GRANTS = text(
     "format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE postjob.postjobs, postjob.tokens, "
     "postjob.workers, postjob.queue_limits, postjob.schedules, postjob.unfinished, "
     "postjob.waiting, postjob.leases, postjob.queue_slots, postjob.queue_starts, postjob.steps, "
-    "postjob.events, postjob.event_waits, postjob.event_keys, postjob.wakeups TO %I', "
+    "postjob.events, postjob.event_waits, postjob.event_keys, postjob.wakeups, "
+    "postjob.history_settings, postjob.history_partitions TO %I', "
     "CAST(:role AS text)), "
     "format('GRANT SELECT ON TABLE postjob.jobs TO %I', CAST(:role AS text)), "
     "format('GRANT USAGE ON SEQUENCE postjob.postjobs_id_seq, postjob.tokens_id_seq, "

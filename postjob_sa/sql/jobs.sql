@@ -115,16 +115,19 @@ CREATE OR REPLACE FUNCTION postjob.enqueue_v1(
   p_priority integer, p_unique_key varchar, p_trace_context jsonb)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-  v_id bigint := nextval('postjob.postjobs_id_seq');
+  v_id bigint;
   v_run_at timestamptz := COALESCE(p_run_at, statement_timestamp());
   v_timing_out_at timestamptz := statement_timestamp() + p_timeout * interval '1 second';
 BEGIN
+  -- the id is drawn by the insert, after its lock of postjob.unfinished: the tables first,
+  -- then the sequence, as a migration that locks the tables and then alters the sequence does
   INSERT INTO postjob.unfinished (job_id, status, workflow, workflow_version, queue, priority,
                                   run_at, due, timing_out_at, unique_key)
-  VALUES (v_id, 'ready', p_workflow, p_version, p_queue, p_priority, v_run_at,
-          v_run_at <= statement_timestamp(), v_timing_out_at, p_unique_key)
-  ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING;
-  IF NOT FOUND THEN
+  VALUES (nextval('postjob.postjobs_id_seq'), 'ready', p_workflow, p_version, p_queue,
+          p_priority, v_run_at, v_run_at <= statement_timestamp(), v_timing_out_at, p_unique_key)
+  ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+  RETURNING job_id INTO v_id;
+  IF v_id IS NULL THEN
     RETURN NULL;
   END IF;
   INSERT INTO postjob.postjobs (id, root_id, full_id, workflow, args, queue, max_attempts,
@@ -139,13 +142,18 @@ END;
 $$;
 
 -- Once per statement, after a DELETE (retention, or a tree removed by its root): what the
--- deleted jobs waited or held goes with them, and their steps and event waits.
+-- deleted jobs waited or held goes with them, their steps, event waits and tokens, and their
+-- children (whose removal comes back here: a tree goes whole). A child has a later id than
+-- its parent, which prunes the ranges of the record the children are looked for in.
 CREATE OR REPLACE FUNCTION postjob._jobs_removed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  -- their children go with them (and theirs, as this trigger fires again for that delete)
-  IF EXISTS (SELECT 1 FROM postjob.postjobs c JOIN removed r ON c.parent_id = r.id) THEN
-    DELETE FROM postjob.postjobs c USING removed r WHERE c.parent_id = r.id;
+  IF NOT EXISTS (SELECT 1 FROM removed) THEN
+    RETURN NULL;  -- the statement removed nothing (the last generation had no children)
   END IF;
+  DELETE FROM postjob.postjobs c
+    WHERE c.parent_id IS NOT NULL AND c.id > (SELECT min(r.id) FROM removed r)
+      AND c.parent_id IN (SELECT r.id FROM removed r);
+  DELETE FROM postjob.tokens t USING removed r WHERE t.postjob_id = r.id;
   DELETE FROM postjob.unfinished u USING removed r WHERE u.job_id = r.id;
   UPDATE postjob.queue_slots s SET job_id = NULL FROM removed r WHERE s.job_id = r.id;
   DELETE FROM postjob.steps s USING removed r WHERE s.job_id = r.id;
@@ -159,6 +167,7 @@ $$;
 CREATE OR REPLACE FUNCTION postjob._jobs_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   TRUNCATE postjob.unfinished, postjob.steps, postjob.event_waits, postjob.wakeups;
+  DELETE FROM postjob.tokens;  -- a DELETE: the same statement may truncate it too
   UPDATE postjob.queue_slots SET job_id = NULL WHERE job_id IS NOT NULL;
   RETURN NULL;
 END;

@@ -27,6 +27,8 @@
 --      starts (postjob.queue_starts) by number;
 --   5. steps and event waits (postjob.steps, postjob.event_waits) of jobs locked above.
 -- A checkout never waits for a row: it takes job rows, places and starts with SKIP LOCKED.
+-- The rotation of history (history.sql) runs one at a time (an advisory lock) and takes only
+-- table locks of the record's ranges, with a 5 s lock_timeout: it never holds a row lock.
 -- The one order a function cannot always keep is a tree that grows while it is cancelled or
 -- reset (a descendant spawned meanwhile has a later id than rows already locked): those
 -- functions try again when PostgreSQL reports a deadlock, so none reaches a caller.
@@ -42,10 +44,16 @@ CREATE TYPE postjob.statuses AS ENUM (
 -- write of the run is fenced on it (a run that lost its job can no longer write).
 CREATE SEQUENCE postjob.lease_tokens;
 
+-- The record is partitioned by ranges of job id (history.sql creates and drops the ranges;
+-- postjob.history_settings says how wide they are and how long a finished job is kept): a
+-- lookup by id touches one partition, and a parent's children have later ids than the parent.
+-- A partitioned table holds no unique index without its key, and no foreign key that a drop
+-- of a partition would have to check: a job's children go with it by a trigger
+-- (_jobs_removed), and the run that holds a parent's lease keeps its children one per
+-- (workflow, method, args) (spawn_children).
 CREATE TABLE postjob.postjobs (
   id                            bigserial PRIMARY KEY,
-  -- the job that spawned it: checked by the insert trigger and removed with it (jobs.sql),
-  -- not by a foreign key, whose check fired on every insert, a root's too
+  -- the job that spawned it: checked by the insert trigger (jobs.sql)
   parent_id                     bigint,
   root_id                       bigint,
   full_id                       varchar,
@@ -95,10 +103,10 @@ CREATE TABLE postjob.postjobs (
   CONSTRAINT postjobs_tags_object CHECK (tags IS NULL OR jsonb_typeof(tags) = 'object'),
   CONSTRAINT postjobs_max_attempts_positive CHECK (max_attempts >= 1),
   CONSTRAINT postjobs_timeout_positive CHECK (timeout IS NULL OR timeout > 0)
-) WITH (fillfactor = 50);
+) PARTITION BY RANGE (id);
 
--- one child per (parent, workflow, method, args); also serves parent_id lookups
-CREATE UNIQUE INDEX postjobs_child_key_idx
+-- a parent's children, by (workflow, method, args): what spawn looks up
+CREATE INDEX postjobs_children_idx
   ON postjob.postjobs (parent_id, workflow, workflow_method, md5(args::text))
   WHERE parent_id IS NOT NULL;
 -- trees (children only: a root is found by its id)
@@ -109,6 +117,35 @@ CREATE INDEX postjobs_tags_idx ON postjob.postjobs USING gin (tags jsonb_path_op
 -- the jobs with an error: failed, timed out, cancelled, or waiting for a retry (an ok run
 -- leaves error NULL, so it never touches this index)
 CREATE INDEX postjobs_errors_idx ON postjob.postjobs (id) WHERE error IS NOT NULL;
+
+-- The first range (a database upgraded from pj0009 has its record there, up to the first
+-- million ids past its last one), and the default partition: a job whose range is not there
+-- yet (the rotation fell behind) is kept there until the rotation moves it into its range.
+-- Open ranges keep half their pages free, so a job's updates stay on its page (HOT).
+CREATE TABLE postjob.postjobs_from_0 PARTITION OF postjob.postjobs
+  FOR VALUES FROM (MINVALUE) TO (1000000) WITH (fillfactor = 50);
+CREATE TABLE postjob.postjobs_default PARTITION OF postjob.postjobs DEFAULT
+  WITH (fillfactor = 50);
+
+-- How history is kept (JobQueue.set_history): one row, or none for the defaults (ranges of
+-- 1,000,000 ids, finished jobs kept for ever).
+CREATE TABLE postjob.history_settings (
+  id              boolean PRIMARY KEY DEFAULT true,
+  keep            interval,
+  partition_size  bigint NOT NULL DEFAULT 1000000,
+  updated_at      timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT history_settings_one_row CHECK (id),
+  CONSTRAINT history_settings_keep_positive CHECK (keep IS NULL OR keep > interval '0'),
+  CONSTRAINT history_settings_partition_size CHECK (partition_size >= 1000)
+);
+
+-- What the rotation found of each range of the record: its newest settle (the latest
+-- updated_at of its jobs, read once it holds no unfinished job, and again before its drop).
+CREATE TABLE postjob.history_partitions (
+  name           varchar PRIMARY KEY,
+  newest_settle  timestamptz,
+  checked_at     timestamptz NOT NULL DEFAULT now()
+);
 
 -- One row per unfinished job: ready, err, sleep (waiting for its children, an event, a time or a
 -- person), or running (it holds a lease). It goes when the job's last run has ended: with the
@@ -201,7 +238,8 @@ CREATE TABLE postjob.leases (
 
 CREATE TABLE postjob.tokens (
   id          bigserial PRIMARY KEY,
-  postjob_id  bigint NOT NULL UNIQUE REFERENCES postjob.postjobs (id) ON DELETE CASCADE,
+  -- the job (removed with it: _jobs_removed, and a dropped range's)
+  postjob_id  bigint NOT NULL UNIQUE,
   token       uuid NOT NULL UNIQUE,
   created_at  timestamptz NOT NULL DEFAULT now()
 );
@@ -268,8 +306,9 @@ CREATE INDEX queue_starts_oldest_idx ON postjob.queue_starts (queue, started_at 
 -- scale factor waits for a fifth of it), unthrottled (they are small; a throttled VACUUM of a
 -- swollen one lets dead rows pile up while it sleeps), their indexes always cleaned (what
 -- checkouts read; PostgreSQL skips that when few pages hold dead rows, as after a backlog).
--- The record is vacuumed and analyzed after 2% of it changed: a visit keeps it near 400
--- bytes a job, and its statistics are what the workers' generic plans are made from.
+-- The record's ranges are vacuumed and analyzed after 2% of them changed: a visit keeps an
+-- open one near 400 bytes a job, and its statistics are what the workers' generic plans are
+-- made from (history.sql sets the same on every range it creates).
 -- (Measured by bench/soak.py: docs/operations.md, "Hot tables".)
 ALTER TABLE postjob.unfinished SET (autovacuum_vacuum_scale_factor = 0,
   autovacuum_vacuum_threshold = 10000, autovacuum_vacuum_cost_delay = 0,
@@ -278,7 +317,9 @@ ALTER TABLE postjob.queue_slots SET (autovacuum_vacuum_scale_factor = 0,
   autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
 ALTER TABLE postjob.queue_starts SET (autovacuum_vacuum_scale_factor = 0,
   autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
-ALTER TABLE postjob.postjobs SET (autovacuum_vacuum_scale_factor = 0.02,
+ALTER TABLE postjob.postjobs_from_0 SET (autovacuum_vacuum_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
+ALTER TABLE postjob.postjobs_default SET (autovacuum_vacuum_scale_factor = 0.02,
   autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
 
 -- Periodic workflows, declared in code (@workflow(cron=...) or @workflow(every=...)) and

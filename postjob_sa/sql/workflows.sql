@@ -232,7 +232,9 @@ END;
 $$;
 
 -- Insert the children a run spawned (those that exist already are kept) and return every child
--- of the job, in one round trip. Only the run that holds the job's lease may spawn: the lock
+-- of the job, in one round trip. One child per (workflow, method, args): the record, being
+-- partitioned, holds no unique index of it; the lease does, as only its run spawns (a
+-- reap, reset or cancel that takes the lease waits for the lock below). The lock
 -- holds a concurrent reap, reset or cancel back until these children are in (a cancel then
 -- finds them), and a run whose lease is gone gets an error (SQLSTATE PJ001) instead of
 -- children that nobody awaits.
@@ -257,10 +259,14 @@ BEGIN
       INSERT INTO postjob.postjobs (parent_id, queue, workflow, args, max_attempts, timeout,
                                     queued)
       SELECT p_parent_id, c.queue, c.workflow, c.args, c.max_attempts, c.timeout, true
-      FROM unnest(p_queues, p_workflows, p_args, p_max_attempts, p_timeouts)
-        AS c(queue, workflow, args, max_attempts, timeout)
-      ON CONFLICT (parent_id, workflow, workflow_method, md5(args::text))
-        WHERE parent_id IS NOT NULL DO NOTHING
+      FROM (SELECT DISTINCT ON (n.workflow, md5(n.args::text)) n.*
+            FROM unnest(p_queues, p_workflows, p_args, p_max_attempts, p_timeouts)
+              WITH ORDINALITY AS n(queue, workflow, args, max_attempts, timeout, ord)
+            ORDER BY n.workflow, md5(n.args::text), n.ord) c
+      WHERE NOT EXISTS (
+        SELECT 1 FROM postjob.postjobs e
+        WHERE e.parent_id = p_parent_id AND e.id > p_parent_id AND e.workflow = c.workflow
+          AND e.workflow_method = 'run' AND md5(e.args::text) = md5(c.args::text))
       RETURNING postjobs.id, postjobs.workflow, postjobs.workflow_version, postjobs.queue,
                 postjobs.priority, postjobs.timing_out_at
     ), queued AS (
@@ -283,7 +289,7 @@ BEGIN
                THEN 'processing' ELSE c.status::text END),
          c.results, c.error, c.error_message
   FROM postjob.postjobs c LEFT JOIN postjob.unfinished u ON u.job_id = c.id
-  WHERE c.parent_id = p_parent_id;
+  WHERE c.parent_id = p_parent_id AND c.id > p_parent_id;
 END;
 $$;
 

@@ -50,6 +50,7 @@ URLS = Map(
         Rule(f"/jobs/<int(min=1, max={MAX_ID}):job_id>/force", endpoint="force", methods=["POST"]),
         Rule(f"/jobs/<int(min=1, max={MAX_ID}):job_id>/cancel", endpoint="cancel", methods=["POST"]),
         Rule("/schedules", endpoint="schedules"),
+        Rule("/history", endpoint="history"),
         Rule("/resolve", endpoint="resolve", methods=["POST"]),
         Rule("/login", endpoint="login", methods=["GET", "POST"]),
         Rule("/logout", endpoint="logout", methods=["POST"]),
@@ -175,6 +176,9 @@ class Dashboard:
 
     def on_schedules(self, request: Request, urls: MapAdapter) -> Response:
         return self._screen(request, urls, views.schedules)
+
+    def on_history(self, request: Request, urls: MapAdapter) -> Response:
+        return self._screen(request, urls, views.history)
 
     def on_static(self, request: Request, urls: MapAdapter, name: str) -> Response:
         asset = self.assets.get(name)

@@ -67,10 +67,12 @@ OK_COUNT_CAPPED = text(
     "SELECT count(*) FROM (SELECT 1 FROM postjob.postjobs WHERE status = 'ok' LIMIT :cap) c"
 )
 
-#: The planner's row count of the table (kept by VACUUM and ANALYZE).
+#: The planner's row count of the record: its ranges' (kept by VACUUM and ANALYZE; the
+#: partitioned table has none of its own).
 JOBS_ESTIMATE = text(
-    "SELECT GREATEST(reltuples, 0)::bigint FROM pg_class "
-    "WHERE oid = CAST('postjob.postjobs' AS regclass)"
+    "SELECT COALESCE(sum(GREATEST(c.reltuples, 0)), 0)::bigint FROM pg_inherits i "
+    "JOIN pg_class c ON c.oid = i.inhrelid "
+    "WHERE i.inhparent = CAST('postjob.postjobs' AS regclass)"
 )
 
 #: Settled jobs per minute of the last hour (0 = the current minute), queue and status.

@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import NotFound
 
-from postjob_sa import _hot_tables
+from postjob_sa import _history, _hot_tables
 from postjob_sa.durable import view as durable_view
 
 from . import forms
@@ -247,4 +247,20 @@ def schedules(conn: Connection) -> Screen:
             "schedules": ("fragments/schedules.html", {"schedules": q.schedules(conn)}),
             "limits": ("fragments/limits.html", {"limits": q.queue_limits(conn)}),
         },
+    )
+
+
+# -- history ---------------------------------------------------------------------------------
+
+
+def history(conn: Connection) -> Screen:
+    """The record's ranges and how long finished jobs are kept (postjob history status)."""
+    settings = _history.settings(conn)
+    return Screen(
+        "history.html",
+        "History",
+        fragments={"history": ("fragments/history.html", {
+            "keep": None if settings.keep is None else settings.keep.total_seconds(),
+            "partition_size": settings.partition_size, "ranges": _history.status(conn),
+            "size": _hot_tables.size_text})},
     )

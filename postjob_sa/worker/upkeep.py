@@ -18,6 +18,9 @@ the worker holding it goes. The repairs:
 * what such a rebuild leaves behind when it is interrupted (an invalid ``…_ccnew`` index,
   which every insert would still maintain) is dropped, ``CONCURRENTLY``.
 
+Every :data:`ROTATE_EVERY` seconds the same worker rotates history (``postjob.rotate_history``:
+the ranges of job ids ahead are created, those past ``keep`` dropped), so nothing needs cron.
+
 Each repair is one log line. Only a table's owner may VACUUM or REINDEX it: a worker whose
 role is not the owner says once per relation, in one line, what to run as the owner, and
 repairs nothing. Workers behind a pooler in transaction mode (``pooled``), and those that run
@@ -35,7 +38,9 @@ from collections.abc import Callable
 from sqlalchemy import Engine
 
 from postjob_sa import _hot_tables as hot
+from postjob_sa import _sql
 from postjob_sa._db import Conn, sqlstate
+from postjob_sa._history import RotationReport
 from postjob_sa.worker.keeper import _Duty
 from postjob_sa.worker.options import WorkerOptions
 
@@ -47,6 +52,9 @@ ENABLED = True
 INTERVAL = 5.0
 #: Seconds between two tries of the lock, by each of the others.
 FOLLOWER_INTERVAL = 60.0
+#: Seconds between two rotations of history (postjob_sa._history), by the worker that holds
+#: the lock; the first comes with its first look.
+ROTATE_EVERY = 300.0
 #: After a repair failed, the relation is left alone this long.
 RETRY_AFTER = 600.0
 
@@ -93,6 +101,7 @@ class Upkeep:
         self.enabled = ENABLED and not (options.until_idle or options.pooled)
         identifier = options.identifier
         self._next = time.monotonic() + INTERVAL * random.uniform(0.5, 1.0)
+        self._next_rotation = 0.0
         self._advised: set[str] = set()
         self._kills = _Kills()
         self._held_by: int | None = None  # the pid named as holding vacuum back
@@ -138,7 +147,26 @@ class Upkeep:
                 return []
             self._leading = conn
         self._next = time.monotonic() + INTERVAL
-        return self._repair(conn)
+        lines = self._repair(conn)
+        if time.monotonic() >= self._next_rotation:
+            lines += self._rotate(conn)
+        return lines
+
+    def _rotate(self, conn: Conn) -> list[str]:
+        """Rotate history (create the ranges ahead, drop those past keep): one statement, its
+        own transaction; a failure is one line, and the next rotation tries again."""
+        self._next_rotation = time.monotonic() + ROTATE_EVERY
+        try:
+            report = RotationReport.of(conn.rows(_sql.HISTORY_ROTATE_SQL))
+        except Exception as exc:  # logged; the upkeep goes on
+            line = f"history rotation failed: {exc}"
+            log.warning(line)
+            return [line]
+        if not (report.created or report.dropped or report.compacted):
+            return []
+        line = "history: " + "; ".join(report.lines())
+        log.info(line)
+        return [line]
 
     def _repair(self, conn: Conn) -> list[str]:
         relations = [hot.Relation.of(r) for r in conn.rows(hot.HOT_RELATIONS_STATE, hot.PARAMS)]

@@ -84,7 +84,8 @@ def test_autogenerate_is_clean(host_engine: Engine, mode: str) -> None:
             conn,
             opts={
                 "include_schemas": True,
-                "include_object": postjob_sa.include_object if mode == "mine" else None,
+                "include_object": (postjob_sa.include_object if mode == "mine"
+                                   else postjob_sa.include_postjob_schema),
                 "target_metadata": metadata,
             },
         )

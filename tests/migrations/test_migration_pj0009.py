@@ -204,7 +204,8 @@ def test_pj0009_carries_live_pj0008_data_over_serves_its_code_and_downgrades_exa
         assert _one(conn, "SELECT count(*) FROM postjob.unfinished WHERE job_id = :g",
                     g=job["gone"]) == 0
 
-    with Session(live) as s:  # this code runs what is left to its end
+    postjob_sa.migrate(live)  # on to head, where this code runs what is left to its end
+    with Session(live) as s:
         q = JobQueue(s, registry=reg, fast_mode=True)
         for name in ("later", "retry", "napper"):
             q.force(job[name])
@@ -245,6 +246,7 @@ def test_pj0009_carries_live_pj0008_data_over_serves_its_code_and_downgrades_exa
         assert _finish_v3(conn, due, token, "ok") == []
         assert conn.execute(CHECKOUT_V3, {"w": "m9.work", "queues": None, "limit": 5}
                             ).one()[0] == other
-    postjob_sa.migrate(live)  # and up again
+    postjob_sa.migrate(live, "pj0009")  # and up again
     with live.connect() as conn:
         assert conn.execute(VERSION).scalar_one() == "pj0009"
+    postjob_sa.migrate(live)

@@ -176,12 +176,12 @@ def _version(rev):
 def upgrade():
     _version("pj9001")
     with op.get_context().autocommit_block():
-        op.execute("CREATE INDEX CONCURRENTLY postjobs_throwaway_idx ON postjob.postjobs (queue)")
+        op.execute("CREATE INDEX CONCURRENTLY unfinished_throwaway_idx ON postjob.unfinished (queue)")
 
 
 def downgrade():
     with op.get_context().autocommit_block():
-        op.execute("DROP INDEX CONCURRENTLY postjob.postjobs_throwaway_idx")
+        op.execute("DROP INDEX CONCURRENTLY postjob.unfinished_throwaway_idx")
     _version("{previous}")
 '''
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import URL, Engine, create_engine, text
@@ -107,6 +108,12 @@ def test_a_granted_role_enqueues_and_works_but_cannot_change_the_schema(
         assert res.returncode == 0, res.stderr
         assert proc.stop() == 0, proc.log()
         assert "permission denied" not in proc.log()
+        with Session(role_engine) as s:  # history: its settings, a rotation, its status
+            q = JobQueue(s)
+            q.set_history(keep=timedelta(days=30))
+            assert not q.rotate_history().busy
+            assert [r.name for r in q.history_status()][-1] == "postjobs_default"
+            s.commit()
     finally:
         role_engine.dispose()
 

@@ -41,9 +41,9 @@ from tests.reliability.rolling_enqueuer import is_parent
 
 pytestmark = pytest.mark.slow
 
-#: The released code: the last landed tree before this round of work (schema pj0007).
-RELEASED = "3e9eeec"
-RELEASED_REVISION = "pj0008"
+#: The released code (commit, schema revision): the release the head serves (pj0008), and
+#: the one before the head (pj0009, whose record pj0010 partitions under its workers).
+RELEASES = [("3e9eeec", "pj0008"), ("11edb20", "pj0009")]
 OLD_WORKERS = 3
 NEW_WORKERS = 2
 OLD_KEYS = (1, 301)  # enqueued by the released code, before, during and after the migration
@@ -53,10 +53,16 @@ INTERVAL = "0.02"
 RUNS_BEFORE = 5  # jobs each released worker runs before the migration
 SLOW_JOBS, SLOW_SECONDS = OLD_WORKERS, 1.0  # running when the migration starts
 
+@pytest.fixture(scope="module", params=RELEASES, ids=lambda r: f"{r[1]}-workers")
+def release(request: pytest.FixtureRequest) -> tuple[str, str]:
+    commit, revision = request.param
+    return str(commit), str(revision)
+
+
 @pytest.fixture(scope="module")
-def released_code() -> Iterator[Path]:
+def released_code(release: tuple[str, str]) -> Iterator[Path]:
     """The released package, extracted from git into a directory of its own."""
-    with extracted(RELEASED) as path:
+    with extracted(release[0]) as path:
         yield path
 
 
@@ -75,14 +81,15 @@ class ReleasedWorker(WorkerProcess):
 
 
 @pytest.fixture
-def released_db(server_url: URL, template_db: str, released_code: Path) -> Iterator[URL]:
+def released_db(server_url: URL, template_db: str, released_code: Path,
+                release: tuple[str, str]) -> Iterator[URL]:
     """A new database whose schema the released code installed (pj0001)."""
     url = create_clone(server_url, "template0", "rolling_upgrade")
     old_url = url.set(drivername="postgresql+psycopg2")  # the released code knows psycopg2 only
     res = run_released(released_code, old_url, "-m", "postjob_sa.cli", "--database-url",
                        url_string(old_url), "db", "migrate")
     assert res.returncode == 0, res.stderr
-    assert f"from nothing to {RELEASED_REVISION}" in res.stdout, res.stdout
+    assert f"from nothing to {release[1]}" in res.stdout, res.stdout
     yield url
     drop_database(server_url, url)
 
@@ -118,12 +125,12 @@ MIGRATION_WAITING = (
     "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'postjob' "
     "AND c.relname = 'postjobs' AND l.mode = 'AccessExclusiveLock' AND NOT l.granted"
 )
-#: ... and a worker's cycle (the released code's: record the outcomes of its jobs, check out the
-#: next) waits behind it.
+#: ... and a call of a worker (the released code's: record the outcomes of its jobs, check out
+#: the next) waits behind it.
 WORKERS_WAITING = (
     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
     "AND application_name LIKE 'postjob worker %' AND wait_event_type = 'Lock' "
-    "AND (query LIKE '%postjob.worker_cycle_v3(%' OR query LIKE 'EXECUTE postjob_%')"
+    "AND query LIKE '%postjob%'"
 )
 
 
@@ -171,8 +178,9 @@ def _runs_by_job(engine: Engine) -> dict[int, list[tuple[str, int]]]:
 
 def test_migrating_under_workers_of_the_released_code_loses_no_job_and_runs_none_twice(
     released_db: URL, released_code: Path, started: list[WorkerProcess],
-    workers: Callable[..., WorkerProcess],
+    workers: Callable[..., WorkerProcess], release: tuple[str, str],
 ) -> None:
+    released_revision = release[1]
     probe = run_released(released_code, released_db, "-c", "import postjob_sa; print(postjob_sa.__file__)")
     assert probe.stdout.strip().startswith(str(released_code)), probe  # the released code runs
 
@@ -226,8 +234,8 @@ def test_migrating_under_workers_of_the_released_code_loses_no_job_and_runs_none
             assert not re.search(r"Traceback|SchemaError|ERROR", p.log()), p.log()
 
         # ... and the schema goes back down under the released workers, which go on
-        postjob_sa.downgrade(engine, RELEASED_REVISION)
-        assert scalar(engine, "SELECT postjob.schema_version()") == RELEASED_REVISION
+        postjob_sa.downgrade(engine, released_revision)
+        assert scalar(engine, "SELECT postjob.schema_version()") == released_revision
         late_app = _enqueuer(old_url, LATE_KEYS, released_code)
         _finish(late_app)
         expected_jobs += (LATE_KEYS[1] - LATE_KEYS[0]) + sum(1 for k in range(*LATE_KEYS)
@@ -276,7 +284,7 @@ def test_migrating_under_workers_of_the_released_code_loses_no_job_and_runs_none
                 "count(*) FILTER (WHERE pid = ANY(:new)) FROM rel_runs"),
                 {"old": old_pids, "new": new_pids, "m": migrated_at}).one()
         assert all(by_phase), by_phase
-        report(f"rolling upgrade {RELEASED_REVISION} -> {head_revision()} and back: {len(jobs)} jobs, "
+        report(f"rolling upgrade {released_revision} -> {head_revision()} and back: {len(jobs)} jobs, "
                f"released workers ran {by_phase[0]} before and {by_phase[1]} after the migration, "
                f"new workers {by_phase[2]}; none lost, none twice")
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine, text
@@ -534,5 +535,22 @@ def test_the_overview_shows_the_hot_tables_and_warns_that_autovacuum_is_off(
     page = body(client.get("/"))
     tables = page[page.index('data-fragment="tables"'):]
     assert "autovacuum is off" in tables and "ALTER SYSTEM SET autovacuum = on" in tables
-    for name in (*_hot_tables.HOT_TABLES, _hot_tables.RECORD_TABLE):
+    for name in (*_hot_tables.HOT_TABLES, "postjob.postjobs_from_0"):  # the record's ranges
         assert f">{name}<" in tables, name
+
+
+def test_the_history_page_shows_the_ranges_and_the_retention(client: Client, engine: Engine,
+                                                             clean: None) -> None:
+    page = body(client.get("/history"))
+    assert "Finished jobs are kept for ever" in page and "postjobs_from_0" in page
+    with Session(engine) as s:
+        q = JobQueue(s)
+        q.set_history(keep=timedelta(days=30))
+        root = q.enqueue(noop, "pinning").id  # unfinished: its range is pinned
+        s.commit()
+    page = body(client.get("/history"))
+    assert "<strong>30d00h</strong> after they settled" in page
+    assert f'href="/jobs/{root}">job tree {root}</a>' in page
+    with Session(engine) as s:
+        JobQueue(s).set_history(keep=None)
+        s.commit()

@@ -124,8 +124,11 @@ def test_the_hot_tables_dead_rows_and_bytes_are_sampled(session: Session) -> Non
             assert reg.get_sample_value("postjob_hot_table_dead_tuples", {"table": table}) \
                 is not None, table
             assert _value(reg, "postjob_hot_relation_bytes", relation=table, table=table) > 0
-        record = _hot_tables.RECORD_TABLE
-        assert _value(reg, "postjob_hot_relation_bytes", relation=record, table=record) > 0
+        first = "postjob.postjobs_from_0"  # the record's first range, where its jobs are
+        assert _value(reg, "postjob_hot_relation_bytes", relation=first, table=first) > 0
+        assert _value(reg, "postjob_history_partitions") == 2  # and the default partition
+        assert _value(reg, "postjob_history_bytes") > _value(
+            reg, "postjob_hot_relation_bytes", relation=first, table=first)
         indexes = [s for m in reg.collect() if m.name == "postjob_hot_relation_bytes"
                    for s in m.samples if s.labels["relation"] != s.labels["table"]]
         assert {s.labels["table"] for s in indexes} == set(_hot_tables.HOT_TABLES), indexes

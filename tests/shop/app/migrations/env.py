@@ -29,7 +29,8 @@ OPTIONS: dict[str, Any] = {
 
 if context.get_x_argument(as_dictionary=True).get("compare") == "postjob":
     # the other way: compare postjob's schema too (our revisions and models agree)
-    OPTIONS.update(target_metadata=[Base.metadata, postjob_sa.metadata], include_object=None)
+    OPTIONS.update(target_metadata=[Base.metadata, postjob_sa.metadata],
+                   include_object=postjob_sa.include_postjob_schema)
 
 
 def run_migrations_online() -> None:
