@@ -115,16 +115,19 @@ CREATE OR REPLACE FUNCTION postjob.enqueue_v1(
   p_priority integer, p_unique_key varchar, p_trace_context jsonb)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-  v_id bigint := nextval('postjob.postjobs_id_seq');
+  v_id bigint;
   v_run_at timestamptz := COALESCE(p_run_at, statement_timestamp());
   v_timing_out_at timestamptz := statement_timestamp() + p_timeout * interval '1 second';
 BEGIN
+  -- the id is drawn by the insert, after its lock of postjob.unfinished: the tables first,
+  -- then the sequence, as a migration that locks the tables and then alters the sequence does
   INSERT INTO postjob.unfinished (job_id, status, workflow, workflow_version, queue, priority,
                                   run_at, due, timing_out_at, unique_key)
-  VALUES (v_id, 'ready', p_workflow, p_version, p_queue, p_priority, v_run_at,
-          v_run_at <= statement_timestamp(), v_timing_out_at, p_unique_key)
-  ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING;
-  IF NOT FOUND THEN
+  VALUES (nextval('postjob.postjobs_id_seq'), 'ready', p_workflow, p_version, p_queue,
+          p_priority, v_run_at, v_run_at <= statement_timestamp(), v_timing_out_at, p_unique_key)
+  ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+  RETURNING job_id INTO v_id;
+  IF v_id IS NULL THEN
     RETURN NULL;
   END IF;
   INSERT INTO postjob.postjobs (id, root_id, full_id, workflow, args, queue, max_attempts,
