@@ -47,14 +47,21 @@ $$;
 
 -- The unfinished tree (its root) that has a job in [p_from, p_to), if any: a tree's jobs have
 -- ids from its root's on, and its descendants are found by the tree index of that range.
+-- Planned at each call (EXECUTE): the rotation drops ranges between two calls in one
+-- transaction, and a plan kept from before the drop fails on PostgreSQL 16.2 ("could not
+-- match partition child tables to plan elements").
 CREATE OR REPLACE FUNCTION postjob._history_pin(p_from bigint, p_to bigint, p_roots bigint[])
-RETURNS bigint LANGUAGE sql STABLE AS $$
-  SELECT r.id FROM unnest(p_roots) AS r (id)
-  WHERE r.id < p_to
-    AND (r.id >= p_from OR EXISTS (
-      SELECT 1 FROM postjob.postjobs t
-      WHERE t.root_id = r.id AND t.parent_id IS NOT NULL AND t.id >= p_from AND t.id < p_to))
-  ORDER BY r.id LIMIT 1
+RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+DECLARE
+  v_root bigint;
+BEGIN
+  EXECUTE 'SELECT r.id FROM unnest($3) AS r (id) WHERE r.id < $2 AND (r.id >= $1 OR EXISTS ('
+          '  SELECT 1 FROM postjob.postjobs t WHERE t.root_id = r.id'
+          '  AND t.parent_id IS NOT NULL AND t.id >= $1 AND t.id < $2))'
+          ' ORDER BY r.id LIMIT 1'
+    INTO v_root USING p_from, p_to, p_roots;
+  RETURN v_root;
+END;
 $$;
 
 -- A new range [p_from, p_to): made apart, the jobs the default partition kept for it moved

@@ -50,12 +50,19 @@ CHILDREN_INDEX = (
     "postjobs_from_0_parent_id_workflow_workflow_method_md5_idx ON postjob.postjobs "
     "(parent_id, workflow, workflow_method, md5(args::text)) WHERE parent_id IS NOT NULL")
 
+# The record first, as long as it takes; then the rest with a lock_timeout shorter than the
+# server's deadlock_timeout (1 s by default): a call that holds a runnable row's table and waits
+# for the record (an enqueue, a checkout) would otherwise close a cycle with this
+# transaction, and the deadlock detector might end the call rather than the migration. The
+# migration gives up first and is tried again (own_transaction_retried).
 LOCKED = r"""
 SET LOCAL lock_timeout = '10s';
 SET LOCAL check_function_bodies = off;
-LOCK TABLE postjob.unfinished, postjob.postjobs, postjob.tokens, postjob.waiting, postjob.leases,
-  postjob.workers, postjob.queue_limits, postjob.queue_slots, postjob.queue_starts
-  IN ACCESS EXCLUSIVE MODE
+LOCK TABLE postjob.postjobs IN ACCESS EXCLUSIVE MODE;
+SET LOCAL lock_timeout = '400ms';
+LOCK TABLE postjob.unfinished, postjob.tokens, postjob.waiting, postjob.leases, postjob.workers,
+  postjob.queue_limits, postjob.queue_slots, postjob.queue_starts IN ACCESS EXCLUSIVE MODE;
+SET LOCAL lock_timeout = '10s'
 """
 
 # A host's foreign keys to the record, kept to be made again on the partitioned table.
@@ -234,7 +241,7 @@ def upgrade() -> None:
     index_step(CHILDREN_INDEX)
     own_transaction_retried("\n;\n".join([
         LOCKED, HOST_KEYS_OFF, PARTITIONED, *_sql_files.functions("pj0010"), VIEW, TRIGGERS,
-        GRANTS, HOST_KEYS_ON, VERSION]))
+        GRANTS, HOST_KEYS_ON, VERSION]), tries=20)
     own_transaction(VALIDATE_HOST_KEYS)
 
 
@@ -332,6 +339,6 @@ def downgrade() -> None:
                "md5(args::text)) WHERE parent_id IS NOT NULL")
     own_transaction_retried("\n;\n".join([
         LOCKED, MERGED, *_sql_files.functions("pj0009"), VIEW, TRIGGERS, GRANTS_DOWN,
-        HOST_KEYS_ON, NEW_DOWN, VERSION_DOWN]))
+        HOST_KEYS_ON, NEW_DOWN, VERSION_DOWN]), tries=20)
     own_transaction(VALIDATE_DOWN)
     own_transaction(VALIDATE_HOST_KEYS)
