@@ -230,7 +230,8 @@ def test_a_second_cancel_hands_the_running_job_back_and_nothing_keeps_running(
 
     started = time.monotonic()
     took = _run(db_url, body)
-    assert took < 3 and time.monotonic() - started < LONG_JOB_SECONDS - 2  # asyncio.run did not wait
+    # asyncio.run did not wait for the job (it had most of its 8 s to go)
+    assert took < LONG_JOB_SECONDS - 2 and time.monotonic() - started < LONG_JOB_SECONDS - 2
     with orders.connect() as conn:
         status, attempts = conn.execute(text(
             "SELECT status::text, failed_attempts FROM postjob.jobs")).one()

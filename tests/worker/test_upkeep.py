@@ -517,13 +517,15 @@ def test_ps_and_top_warn_that_autovacuum_is_off_and_name_a_table_it_never_visite
         off = conn.execute(text("SHOW autovacuum")).scalar() == "off"
     assert any("autovacuum is off" in w and "ALTER SYSTEM SET autovacuum = on" in w
                for w in warned) == off, listed.stderr
+    # (where autovacuum runs, it may well have visited the table meanwhile)
     assert any(w.startswith(f"warning: {table} holds ") and "has not visited it ever" in w
-               for w in warned), listed.stderr
+               for w in warned) or not off, listed.stderr
     assert "warning" not in listed.stdout  # what scripts read stays the table
     as_json = json.loads(postjob("ps", "--json", url=url).stdout)
     assert len(as_json["warnings"]) == len(warned), as_json["warnings"]
     top = postjob("ps", "top", "--iterations", "1", url=url)
-    assert ("autovacuum is off" in top.stdout) == off and f"{table} holds " in top.stdout, top.stdout
+    assert ("autovacuum is off" in top.stdout) == off, top.stdout
+    assert f"{table} holds " in top.stdout or not off, top.stdout
 
 
 def test_a_hot_table_whose_autovacuum_was_disabled_is_named_with_the_statement_that_resets_it(
