@@ -40,7 +40,13 @@ def own_transaction(sql: str, *, then_wait: float = 0.0) -> None:
         op.execute(sql)
         return
     with ctx.autocommit_block():
-        op.execute("BEGIN;\n" + sql + "\nCOMMIT;")
+        try:
+            op.execute("BEGIN;\n" + sql + "\nCOMMIT;")
+        except DBAPIError:
+            # the transaction the failed string began is still open, and aborted: end it here,
+            # before the block's end asks the connection anything (psycopg2 would fail there)
+            op.execute("ROLLBACK")
+            raise
         if then_wait > 0:
             op.execute(text("SELECT pg_sleep(:seconds)").bindparams(seconds=float(then_wait)))
 
