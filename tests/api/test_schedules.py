@@ -151,8 +151,12 @@ def test_four_worker_processes_enqueue_exactly_one_job_per_tick(
         p.stop()
     ticks = _ticks(engine, "sx.every_second")
     assert max(Counter(ticks).values()) == 1, ticks  # never two jobs for a tick
+    # every worker computes the same ticks: whole seconds, claimed in order. A tick no worker
+    # reached before the next one was due gives way to it (the latest missed tick runs, as the
+    # clocked test above shows), so a stalled machine may leave a gap: that is not asserted.
     seconds = [datetime.fromisoformat(t) for t in ticks]
-    assert all(b - a == timedelta(seconds=1) for a, b in zip(seconds, seconds[1:], strict=False)), ticks
+    assert all(s.microsecond == 0 for s in seconds), ticks
+    assert all(b - a >= timedelta(seconds=1) for a, b in zip(seconds, seconds[1:], strict=False)), ticks
     with engine.connect() as c:  # and the workers ran them
         assert c.execute(text("SELECT count(*) FROM postjob.jobs WHERE status = 'ok'")
                          ).scalar_one() >= len(ticks) - 1
