@@ -53,8 +53,8 @@ def test_an_emits_commit_wakes_its_waiter(side: Engine) -> None:
             assert job(side, job_id)["status"] == "sleep"  # not before the commit
             s.commit()
             committed = time.monotonic()
-        wait_until(status_is(side, job_id, "ok"), 5, "woken by the commit")
-        assert time.monotonic() - committed < 2  # NOTIFY: the idle wait is 30 s otherwise
+        wait_until(status_is(side, job_id, "ok"), 25, "woken by the commit")
+        assert time.monotonic() - committed < 15  # NOTIFY: the idle wait is 30 s otherwise
     assert job(side, job_id)["results"] == [{"carrier": "ups"}]
     assert records(side, "delivered", job_id) == 1
     (stored,) = steps(side, job_id)
