@@ -38,13 +38,12 @@ from bench.harness.soakfleet import (
     check_exactly_once,
     connect,
     drop_files,
+    log,
+    new_database,
     rows,
+    start_fleet,
 )
 from postjob_sa import _hot_tables
-
-WORKERS_UP = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-              "AND application_name LIKE 'postjob worker %'")
-
 
 #: With --statements (pg_stat_statements loaded and created): where the blocks went.
 TOP_STATEMENTS = (
@@ -52,52 +51,6 @@ TOP_STATEMENTS = (
     "left(regexp_replace(query, '\\s+', ' ', 'g'), 160) AS query FROM pg_stat_statements "
     "WHERE calls > 0 ORDER BY shared_blks_hit + shared_blks_read DESC LIMIT 12"
 )
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def new_database(pg: ScratchCluster, name: str, sql: list[str]) -> str:
-    from sqlalchemy import create_engine
-
-    import postjob_sa
-
-    conn = connect(pg.url("postgres"))
-    with conn.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        cur.execute(f'CREATE DATABASE "{name}"')
-    conn.close()
-    url = pg.url(name)
-    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg2://", 1))
-    postjob_sa.migrate(engine)
-    engine.dispose()
-    conn = connect(url)
-    with conn.cursor() as cur:
-        for statement in sql:
-            cur.execute(statement)
-    conn.close()
-    return url
-
-
-def start_fleet(url: str, args: argparse.Namespace, fleet: Fleet | None = None,
-                workers: int | None = None, workflows: list[str] | None = None) -> Fleet:
-    """Start worker processes (in ``fleet``, else a new one); wait until they are up."""
-    if fleet is None:
-        settings = list(args.tune)
-        if args.upkeep == "off":
-            settings.append("postjob_sa.worker.upkeep.ENABLED=off")
-        fleet = Fleet(url, args.driver, args.batch, settings)
-    n = args.workers if workers is None else workers
-    fleet.start_workers(n, workflows)
-    deadline = time.monotonic() + 60
-    while rows(url, WORKERS_UP)[0]["count"] < n:
-        fleet.check_alive()
-        if time.monotonic() > deadline:
-            raise RuntimeError("the workers did not connect within 60 s")
-        time.sleep(0.1)
-    time.sleep(1.0)  # registered and idle
-    return fleet
 
 
 def sustainable_rate(pg: ScratchCluster, args: argparse.Namespace) -> float:

@@ -23,8 +23,15 @@ import psycopg2
 
 from bench import soak_app
 from bench.harness.scratch import ScratchCluster
-from bench.harness.soakfleet import Relations, connect, drop_files, rows
-from bench.soak import log, new_database, start_fleet
+from bench.harness.soakfleet import (
+    Relations,
+    connect,
+    drop_files,
+    log,
+    new_database,
+    rows,
+    start_fleet,
+)
 from postjob_sa import _hot_tables as hot_tables
 
 SAMPLES = 25

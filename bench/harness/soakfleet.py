@@ -3,8 +3,10 @@ and the check that every job ran exactly once."""
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import os
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -17,6 +19,7 @@ import psycopg2
 import psycopg2.extras
 
 from bench import soak_app
+from bench.harness.scratch import ScratchCluster
 from postjob_sa import _hot_tables
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -205,3 +208,53 @@ def drop_files(fleet: Fleet) -> None:
     for path in Path(fleet.dir).iterdir():
         path.unlink()
     os.rmdir(fleet.dir)
+
+
+WORKERS_UP = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+              "AND application_name LIKE 'postjob worker %'")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def new_database(pg: ScratchCluster, name: str, sql: list[str]) -> str:
+    from sqlalchemy import create_engine
+
+    import postjob_sa
+
+    conn = connect(pg.url("postgres"))
+    with conn.cursor() as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        cur.execute(f'CREATE DATABASE "{name}"')
+    conn.close()
+    url = pg.url(name)
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg2://", 1))
+    postjob_sa.migrate(engine)
+    engine.dispose()
+    conn = connect(url)
+    with conn.cursor() as cur:
+        for statement in sql:
+            cur.execute(statement)
+    conn.close()
+    return url
+
+
+def start_fleet(url: str, args: argparse.Namespace, fleet: Fleet | None = None,
+                workers: int | None = None, workflows: list[str] | None = None) -> Fleet:
+    """Start worker processes (in ``fleet``, else a new one); wait until they are up."""
+    if fleet is None:
+        settings = list(args.tune)
+        if args.upkeep == "off":
+            settings.append("postjob_sa.worker.upkeep.ENABLED=off")
+        fleet = Fleet(url, args.driver, args.batch, settings)
+    n = args.workers if workers is None else workers
+    fleet.start_workers(n, workflows)
+    deadline = time.monotonic() + 60
+    while rows(url, WORKERS_UP)[0]["count"] < n:
+        fleet.check_alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError("the workers did not connect within 60 s")
+        time.sleep(0.1)
+    time.sleep(1.0)  # registered and idle
+    return fleet
