@@ -3,12 +3,16 @@ tests on a machine without a server.
 
 The data directory is ``$POSTJOB_EMBEDDED_DIR`` if set, else
 ``$XDG_DATA_HOME/postjob_sa/pgdata`` (``~/.local/share/postjob_sa/pgdata``), so jobs survive
-between runs. The server stops when the last process using it exits.
+between runs. The server stops when the last process using it exits. Processes that start it
+at once (a test suite's workers on a fresh machine) take turns: the first creates the system
+user (as root), initializes the directory and starts the server, the others join it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,29 @@ def data_dir() -> Path:
 _server: Any = None
 
 
+def start_lock_path(target: Path) -> Path:
+    """The file whose lock a process holds while it starts (or joins) the server of ``target``."""
+    return target.parent / f".{target.name}.starting"
+
+
+@contextmanager
+def _starting(target: Path) -> Iterator[None]:
+    """One process at a time starts the server of ``target``. pgserver's own lock is taken after
+    it creates its system user (as root), so two first starts on a fresh machine ran ``useradd``
+    and ``initdb`` side by side and one of them failed."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: pgserver runs no useradd there
+        yield
+        return
+    with open(start_lock_path(target), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def server(path: Path | None = None) -> Any:
     """Start (or join) the embedded server and return its pgserver handle."""
     global _server
@@ -49,7 +76,8 @@ def server(path: Path | None = None) -> Any:
     target = path or data_dir()
     target.mkdir(parents=True, exist_ok=True)
     try:
-        _server = pgserver.get_server(target, cleanup_mode="stop")  # type: ignore[attr-defined]
+        with _starting(target):
+            _server = pgserver.get_server(target, cleanup_mode="stop")  # type: ignore[attr-defined]
     except Exception as exc:
         raise EmbeddedUnavailable(f"the embedded PostgreSQL in {target} did not start: {exc}") from exc
     return _server
