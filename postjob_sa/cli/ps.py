@@ -128,8 +128,39 @@ def _keys() -> Iterator[Callable[[float], str | None]]:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+class _Stop:
+    """Ctrl-C or SIGTERM for ``ps top``: at once while it waits between refreshes; during a
+    refresh, when that refresh has ended (an interruption inside the driver or the connection
+    pool could leave the pool's lock held or the connection mid-statement, and the exit would
+    then hang). A second signal during a refresh interrupts it."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.waiting = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        again, self.asked = self.asked, True
+        if self.waiting or again:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def wait(self, key: Callable[[float], str | None], timeout: float) -> str | None:
+        """A key press (or None) within ``timeout``, interruptible."""
+        if self.asked:
+            raise KeyboardInterrupt
+        self.waiting = True
+        try:
+            return key(timeout)
+        finally:
+            self.waiting = False
 
 
 @ps.command("top")
@@ -154,23 +185,21 @@ def ps_top(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | Non
         return Group(header, _view(listing, with_ids, limit, console.width, workers),
                      *_warnings(tables))
 
-    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    stop = _Stop()
     shown = 0
     try:
-        with _keys() as key, Live(frame(), console=console, auto_refresh=False,
-                                  screen=console.is_terminal) as live:
+        with stop.installed(), _keys() as key, Live(frame(), console=console, auto_refresh=False,
+                                                    screen=console.is_terminal) as live:
             shown = 1
             while iterations is None or shown < iterations:
                 deadline = time.monotonic() + interval
                 while (left := deadline - time.monotonic()) > 0:
-                    if (key(left) or "").lower() == "q":
+                    if (stop.wait(key, left) or "").lower() == "q":
                         return
                 live.update(frame(), refresh=True)
                 shown += 1
     except KeyboardInterrupt:
         pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @ps.command("show")

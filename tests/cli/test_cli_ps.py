@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -140,6 +143,42 @@ TOP_LAST_QUERY = text("SELECT max(query_start) FROM pg_stat_activity WHERE datna
                       "current_database() AND application_name = 'postjob' AND state = 'idle'")
 
 
+#: ... and when one of them waits for a lock.
+TOP_WAITING = text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                   "AND application_name = 'postjob' AND wait_event_type = 'Lock'")
+
+
+@contextlib.contextmanager
+def top(url: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A `postjob ps top` refreshing every 0.2 s, stdin not a terminal (and at EOF); killed and
+    its pipes closed if the test leaves it running."""
+    proc = subprocess.Popen([POSTJOB, "--database-url", url, "ps", "top", "--interval", "0.2"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def wait_for_refreshes(engine: Engine, proc: subprocess.Popen[bytes], n: int) -> None:
+    """Until the idle connection of ``proc`` has run a statement n times (Ctrl-C before that
+    would land in its imports, where it is an interruption)."""
+    with engine.connect() as conn:
+        seen: list[object] = []
+
+        def refreshed() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            last = conn.execute(TOP_LAST_QUERY).scalar()
+            conn.rollback()  # a fresh snapshot of pg_stat_activity each time
+            if last is not None and last not in seen:
+                seen.append(last)
+            return len(seen) >= n
+
+        wait_for(refreshed, 60, f"{n} refreshes of ps top", interval=0.05)
+
+
 def test_ps_top_refreshes_and_stops_without_a_terminal(
     db_url: URL, engine: Engine, tree: dict[str, int]
 ) -> None:
@@ -148,28 +187,44 @@ def test_ps_top_refreshes_and_stops_without_a_terminal(
     assert res.returncode == 0, res.stderr
     assert "postjob top" in res.stdout and "report@2" in res.stdout
     # stdin is not a terminal (and at EOF): it keeps refreshing until Ctrl-C, without spinning
-    proc = subprocess.Popen([POSTJOB, "--database-url", url, "ps", "top", "--interval", "0.2"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        # Ctrl-C once it refreshes (not before: during its imports, Ctrl-C is an interruption):
-        # its connection has run a statement, then another one later
-        with engine.connect() as conn:
-            seen: list[object] = []
-
-            def refreshed() -> bool:
-                assert proc.poll() is None, proc.communicate()
-                last = conn.execute(TOP_LAST_QUERY).scalar()
-                conn.rollback()  # a fresh snapshot of pg_stat_activity each time
-                if last is not None and last not in seen:
-                    seen.append(last)
-                return len(seen) >= 2
-
-            wait_for(refreshed, 60, "two refreshes of ps top", interval=0.05)
+    with top(url) as proc:
+        wait_for_refreshes(engine, proc, 2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err
     assert b"postjob top" in out
+
+
+def test_ps_top_ends_the_refresh_under_way_before_ctrl_c_stops_it(
+    db_url: URL, engine: Engine, tree: dict[str, int]
+) -> None:
+    """Ctrl-C inside the driver or the connection pool could leave the pool's lock held or the
+    connection mid-statement (an exit that hangs): during a refresh it stops ps top when the
+    refresh has ended. A second Ctrl-C interrupts the refresh."""
+    url = url_string(db_url)
+    for presses in (1, 2):
+        with top(url) as proc:
+            wait_for_refreshes(engine, proc, 1)
+            with engine.connect() as locker:  # the next refresh waits for the jobs' tables
+                locker.execute(text("LOCK TABLE postjob.postjobs, postjob.unfinished "
+                                    "IN ACCESS EXCLUSIVE MODE"))
+                with engine.connect() as conn:
+
+                    def waiting() -> bool:
+                        found = conn.execute(TOP_WAITING).scalar() == 1
+                        conn.rollback()
+                        return found
+
+                    wait_for(waiting, 60, "a refresh waiting for the lock", interval=0.05)
+                for _ in range(presses):
+                    proc.send_signal(signal.SIGINT)
+                    time.sleep(0.3)
+                if presses == 1:
+                    time.sleep(1.0)
+                    assert proc.poll() is None, "Ctrl-C interrupted the refresh under way"
+                    locker.rollback()  # the refresh ends, then ps top does
+                out, err = proc.communicate(timeout=30)
+                locker.rollback()
+            assert proc.returncode == 0, err
+            assert b"postjob top" in out
+
