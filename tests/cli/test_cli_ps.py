@@ -200,9 +200,10 @@ def test_ps_top_ends_the_refresh_under_way_before_ctrl_c_stops_it(
 ) -> None:
     """Ctrl-C inside the driver or the connection pool could leave the pool's lock held or the
     connection mid-statement (an exit that hangs): during a refresh it stops ps top when the
-    refresh has ended. A second Ctrl-C interrupts the refresh."""
+    refresh has ended. A second Ctrl-C interrupts the refresh (psycopg; psycopg2 cannot)."""
     url = url_string(db_url)
-    for presses in (1, 2):
+    # psycopg2 runs Python's handler only once libpq returns: its blocked query ends first
+    for presses in (1, 2) if engine.dialect.driver == "psycopg" else (1,):
         with top(url) as proc:
             wait_for_refreshes(engine, proc, 1)
             with engine.connect() as locker:  # the next refresh waits for the jobs' tables
