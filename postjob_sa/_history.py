@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from postjob_sa import _sql
+from postjob_sa import _session_sql
 from postjob_sa.errors import InvalidArgument
 
 #: Job ids per range when nothing was set, and the least a range may hold.
@@ -108,18 +108,18 @@ def checked(keep: timedelta | None, partition_size: int) -> HistorySettings:
 
 
 def set_settings(session: Session, settings: HistorySettings) -> None:
-    session.execute(_sql.HISTORY_SET, {"keep": settings.keep,
+    session.execute(_session_sql.HISTORY_SET, {"keep": settings.keep,
                                        "partition_size": settings.partition_size})
 
 
 def settings(session: Session | Connection) -> HistorySettings:
-    row = session.execute(_sql.HISTORY_SETTINGS).one()
+    row = session.execute(_session_sql.HISTORY_SETTINGS).one()
     return HistorySettings(row.keep, int(row.partition_size))
 
 
 def rotate(session: Session) -> RotationReport:
-    return RotationReport.of([dict(r) for r in session.execute(_sql.HISTORY_ROTATE).mappings()])
+    return RotationReport.of([dict(r) for r in session.execute(_session_sql.HISTORY_ROTATE).mappings()])
 
 
 def status(session: Session | Connection) -> list[HistoryRange]:
-    return [HistoryRange(**dict(row)) for row in session.execute(_sql.HISTORY_STATUS).mappings()]
+    return [HistoryRange(**dict(row)) for row in session.execute(_session_sql.HISTORY_STATUS).mappings()]

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from postjob_sa import _sql
+from postjob_sa import _session_sql
 from postjob_sa.models import QueueLimit
 
 
@@ -16,9 +16,9 @@ def set_limits(session: Session, queue: str, concurrency: int | None, rate: int 
                period: float | None) -> None:
     """Write a queue's limits in the caller's transaction; both None: drop them."""
     if concurrency is None and rate is None:
-        session.execute(_sql.QUEUE_LIMITS_DELETE, {"queue": queue})
+        session.execute(_session_sql.QUEUE_LIMITS_DELETE, {"queue": queue})
         return
-    session.execute(_sql.QUEUE_LIMITS_SET, {"queue": queue, "concurrency": concurrency,
+    session.execute(_session_sql.QUEUE_LIMITS_SET, {"queue": queue, "concurrency": concurrency,
                                             "rate": rate, "period": period or 1.0})
 
 
@@ -28,4 +28,4 @@ def list_limits(session: Session) -> list[QueueLimit]:
 
 def report(session: Session) -> list[dict[str, Any]]:
     """Each limited queue with its processing jobs and its starts in the last period."""
-    return [dict(r) for r in session.execute(_sql.QUEUE_LIMITS_REPORT).mappings()]
+    return [dict(r) for r in session.execute(_session_sql.QUEUE_LIMITS_REPORT).mappings()]

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from postjob_sa import _history, _limits, _sql, _validate
+from postjob_sa import _history, _limits, _session_sql, _validate
 from postjob_sa._db import sqlstate
 from postjob_sa._migrations import schema_checked
 from postjob_sa.durable import events
@@ -36,7 +36,7 @@ class JobOperations:
         raise NotImplementedError
 
     def _require_job(self, job_id: int) -> str:
-        status = self.session.execute(_sql.JOB_EXISTS, {"id": job_id}).scalar()
+        status = self.session.execute(_session_sql.JOB_EXISTS, {"id": job_id}).scalar()
         if status is None:
             raise JobNotFound(f"no job has the id {job_id}")
         return str(status)
@@ -48,7 +48,7 @@ class JobOperations:
         rollback records and wakes nothing. Returns the event's id."""
         params = {"key": events.key_checked(key),
                   "payload": _validate.to_json(payload, "the event's payload")}
-        return int(self.session.execute(_sql.EVENT_EMIT, params).scalar_one())
+        return int(self.session.execute(_session_sql.EVENT_EMIT, params).scalar_one())
 
     @schema_checked
     def resolve(self, token: str | uuid.UUID, result: Any = None, *, error: str | None = None) -> int:
@@ -63,7 +63,7 @@ class JobOperations:
             if not isinstance(error, str):
                 raise InvalidArgument("error must be a message string")
             _validate.text(error, "the error message")
-        row = self.session.execute(_sql.TOKEN_JOB, {"token": str(token_uuid)}).first()
+        row = self.session.execute(_session_sql.TOKEN_JOB, {"token": str(token_uuid)}).first()
         if row is None:
             raise JobNotFound(f"no job has the token {token_uuid}")
         job_id, workflow, status = row
@@ -77,7 +77,7 @@ class JobOperations:
         savepoint = self.session.begin_nested()
         try:
             self.session.execute(
-                _sql.JOB_RESOLVE,
+                _session_sql.JOB_RESOLVE,
                 {
                     "token": str(token_uuid), "result": payload,
                     "error": None if error is None else "Resolved",
@@ -88,7 +88,7 @@ class JobOperations:
             if sqlstate(exc) not in (ENDED_MEANWHILE, GONE_MEANWHILE):
                 raise
             savepoint.rollback()
-            status = self.session.execute(_sql.JOB_EXISTS, {"id": job_id}).scalar()
+            status = self.session.execute(_session_sql.JOB_EXISTS, {"id": job_id}).scalar()
             if status is None:
                 raise JobNotFound(f"no job has the token {token_uuid}") from None
             raise InvalidJobState(f"job {job_id} is already {status}") from None
@@ -104,7 +104,7 @@ class JobOperations:
         checked = [_validate.job_id(i) for i in ids]
         if not checked:
             raise InvalidArgument("reset needs at least one job id")
-        rows = self.session.execute(_sql.JOBS_STATUS_LOCKED, {"ids": checked}).all()
+        rows = self.session.execute(_session_sql.JOBS_STATUS_LOCKED, {"ids": checked}).all()
         found: dict[int, str] = {r.id: r.status for r in rows}
         missing = [i for i in checked if i not in found]
         if missing:
@@ -127,7 +127,7 @@ class JobOperations:
         # usable, and the refusal names the holder.
         savepoint = self.session.begin_nested()
         try:
-            ids_reset = self.session.execute(_sql.JOBS_RESET, {"ids": checked}).scalar_one()
+            ids_reset = self.session.execute(_session_sql.JOBS_RESET, {"ids": checked}).scalar_one()
         except DBAPIError as exc:
             if sqlstate(exc) not in (UNIQUE_VIOLATION, KEY_HELD_STATE):
                 raise
@@ -137,7 +137,7 @@ class JobOperations:
         return list(ids_reset)
 
     def _key_held(self, ids: list[int], exc: DBAPIError) -> InvalidJobState:
-        row = self.session.execute(_sql.JOB_RESET_KEY_HOLDER, {"ids": ids}).first()
+        row = self.session.execute(_session_sql.JOB_RESET_KEY_HOLDER, {"ids": ids}).first()
         if row is None:  # the holder finished meanwhile: say what the database said
             detail = getattr(getattr(exc.orig, "diag", None), "message_primary", None) or str(exc.orig)
             return InvalidJobState(f"cannot reset job {', '.join(map(str, ids))}: {detail} "
@@ -158,7 +158,7 @@ class JobOperations:
         status = self._require_job(_validate.job_id(job_id))
         if Status(status) in FINAL_STATUSES:
             raise InvalidJobState(f"job {job_id} is already {status}: only unfinished jobs can be cancelled")
-        ids = list(self.session.execute(_sql.JOBS_CANCEL, {"ids": [job_id]}).scalar_one())
+        ids = list(self.session.execute(_session_sql.JOBS_CANCEL, {"ids": [job_id]}).scalar_one())
         if job_id not in ids:  # it finished between the two statements
             raise InvalidJobState(f"job {job_id} finished before it could be cancelled")
         return [job_id, *(i for i in ids if i != job_id)]
@@ -212,10 +212,10 @@ class JobOperations:
         status = self._require_job(_validate.job_id(job_id))
         if status not in ("ready", "err", "sleep"):
             raise InvalidJobState(f"job {job_id} is {status}: only ready, err or sleep jobs can be forced")
-        self.session.execute(_sql.JOB_FORCE, {"id": job_id})
+        self.session.execute(_session_sql.JOB_FORCE, {"id": job_id})
 
     @schema_checked
     def reap(self) -> int:
         """Time out jobs past their deadline and fail over jobs whose lease expired (zombies);
         return how many. Every checkout does this too; call it from cron when no worker runs."""
-        return int(self.session.execute(_sql.JOBS_REAP).scalar_one())
+        return int(self.session.execute(_session_sql.JOBS_REAP).scalar_one())

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session, make_transient_to_detached, scoped_session
 from typing_extensions import Unpack
 
-from postjob_sa import _backoff, _metrics, _sql, _tracing, _validate
+from postjob_sa import _backoff, _metrics, _session_sql, _tracing, _validate
 from postjob_sa._db import check_driver
 from postjob_sa._migrations import schema_checked
 from postjob_sa._operations import JobOperations
@@ -225,13 +225,13 @@ class JobQueue(JobOperations):
         conn = self.session.connection()
         if parent_id is not None:
             self._require_job(_validate.job_id(parent_id))
-            conn.execute(_sql.JOB_CHILDREN_LOCK, params)
+            conn.execute(_session_sql.JOB_CHILDREN_LOCK, params)
         for _ in range(ENQUEUE_TRIES):
             if parent_id is None:
-                job_id: int | None = conn.execute(_sql.JOB_ENQUEUE, params).scalar()
+                job_id: int | None = conn.execute(_session_sql.JOB_ENQUEUE, params).scalar()
                 ids: tuple[int | None, str | None] = (job_id, str(job_id))
             else:
-                row = conn.execute(_sql.JOB_ENQUEUE_CHILD, params).first()
+                row = conn.execute(_session_sql.JOB_ENQUEUE_CHILD, params).first()
                 job_id = None if row is None else row.id
                 ids = (None, None) if row is None else (row.root_id, row.full_id)
             if job_id is not None:
@@ -262,11 +262,11 @@ class JobQueue(JobOperations):
     def _existing(self, params: dict[str, Any]) -> int | None:
         conn = self.session.connection()
         if params["unique_key"] is not None:
-            holder = conn.execute(_sql.JOB_BY_UNIQUE_KEY, params).scalar()
+            holder = conn.execute(_session_sql.JOB_BY_UNIQUE_KEY, params).scalar()
             if holder is not None:
                 return int(holder)
         if params["parent_id"] is not None:
-            child = conn.execute(_sql.JOB_CHILD_BY_KEY, params).scalar()
+            child = conn.execute(_session_sql.JOB_CHILD_BY_KEY, params).scalar()
             if child is not None:
                 return int(child)
         return None
@@ -295,7 +295,7 @@ class JobQueue(JobOperations):
         opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
         self.registry.check_args(wf or name, version, arg_lists, numbered=True)
         rows = self.session.execute(
-            _sql.JOB_ENQUEUE_MANY,
+            _session_sql.JOB_ENQUEUE_MANY,
             {
                 "workflow": name,
                 "args": encoded,
@@ -336,7 +336,7 @@ class JobQueue(JobOperations):
             "queues": [_validate.name(q, "queue") for q in queues] if queues is not None else None,
             "limit": limit, "lease": self.lease,
         }
-        ids = list(self.session.execute(_sql.JOB_CHECKOUT, params).scalars())
+        ids = list(self.session.execute(_session_sql.JOB_CHECKOUT, params).scalars())
         if not ids:
             return []
         # the jobs as the checkout left them (its own columns are a running job's, not a row)
@@ -345,7 +345,7 @@ class JobQueue(JobOperations):
         return [jobs[i] for i in ids]
 
     def _finish(self, outcome: Outcome) -> None:
-        rows = self.session.execute(_sql.JOB_FINISH,
+        rows = self.session.execute(_session_sql.JOB_FINISH,
                                     outcome_params([outcome], literals=False)).all()
         if any(kind == "lost" for kind, _ in rows):
             raise InvalidJobState(f"job {outcome.job_id} is not checked out under this lease")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from postjob_sa import _sql
+from postjob_sa import _session_sql
 from postjob_sa.queue import JobQueue
 
 from . import _parse
@@ -39,6 +39,6 @@ def event_prune(app: App, older_than: str) -> None:
     later no longer finds it."""
     seconds = _parse.duration(older_than, "--older-than duration")
     with app.session() as session:
-        deleted = session.execute(_sql.EVENTS_PRUNE, {"seconds": seconds}).scalar_one()
+        deleted = session.execute(_session_sql.EVENTS_PRUNE, {"seconds": seconds}).scalar_one()
         session.commit()
     click.echo(f"deleted {deleted} event(s) older than {older_than}")

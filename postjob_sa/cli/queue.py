@@ -9,7 +9,7 @@ import click
 from rich import box
 from rich.table import Table
 
-from postjob_sa import _limits, _sql
+from postjob_sa import _limits, _session_sql
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.queue import JobQueue
 
@@ -74,7 +74,7 @@ def queue_list(app: App, as_json: bool) -> None:
 def schedules(app: App, as_json: bool) -> None:
     """The periodic workflows the workers registered: schedule, last run and next run."""
     with app.session() as session:
-        rows = [dict(r) for r in session.execute(_sql.SCHEDULES_LIST).mappings()]
+        rows = [dict(r) for r in session.execute(_session_sql.SCHEDULES_LIST).mappings()]
     if as_json:
         _render.print_json(rows)
         return

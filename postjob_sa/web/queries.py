@@ -30,7 +30,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from postjob_sa import _hot_tables, _sql
+from postjob_sa import _hot_tables, _session_sql
 
 #: ok jobs are counted exactly up to this many; beyond it the table's statistics estimate.
 OK_COUNT_CAP = 50_000
@@ -385,8 +385,8 @@ def tree(conn: Connection, root_id: int) -> list[Row]:
 
 
 def schedules(conn: Connection) -> list[Row]:
-    return _rows(conn, _sql.SCHEDULES_LIST)
+    return _rows(conn, _session_sql.SCHEDULES_LIST)
 
 
 def queue_limits(conn: Connection) -> list[Row]:
-    return _rows(conn, _sql.QUEUE_LIMITS_REPORT)
+    return _rows(conn, _session_sql.QUEUE_LIMITS_REPORT)

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from postjob_sa import _backoff, _metrics, _sql
+from postjob_sa import _backoff, _metrics, _session_sql, _sql
 from postjob_sa._db import Conn, check_driver, no_prepared_statements
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.errors import InvalidJobState
@@ -66,14 +66,14 @@ class TransactionalRunner:
                 no_prepared_statements(conn.connection.dbapi_connection, self.driver)
             trans = conn.begin()
             try:
-                row = conn.execute(_sql.JOB_CHECKOUT, checkout).mappings().first()
+                row = conn.execute(_session_sql.JOB_CHECKOUT, checkout).mappings().first()
                 if row is None:
                     trans.rollback()
                     return None
                 job = RunningJob(**row)
                 _metrics.started_many({(job.workflow, job.queue): 1})
                 outcome = self._run(conn, job)
-                rows = conn.execute(_sql.JOB_FINISH, _finish(outcome)).all()
+                rows = conn.execute(_session_sql.JOB_FINISH, _finish(outcome)).all()
                 _check_accepted(job, outcome, rows, trans.rollback)
                 trans.commit()
             except BaseException:
@@ -117,14 +117,14 @@ class TransactionalRunner:
         async with self._async_engine().connect() as conn:
             trans = await conn.begin()
             try:
-                row = (await conn.execute(_sql.JOB_CHECKOUT, checkout)).mappings().first()
+                row = (await conn.execute(_session_sql.JOB_CHECKOUT, checkout)).mappings().first()
                 if row is None:
                     await trans.rollback()
                     return None
                 job = RunningJob(**row)
                 _metrics.started_many({(job.workflow, job.queue): 1})
                 outcome = await self._run_async(conn, job)
-                rows = (await conn.execute(_sql.JOB_FINISH, _finish(outcome))).all()
+                rows = (await conn.execute(_session_sql.JOB_FINISH, _finish(outcome))).all()
                 if _lost(job, rows):
                     await trans.rollback()
                 _check_accepted(job, outcome, rows, lambda: None)

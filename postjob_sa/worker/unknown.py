@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection
 
-from postjob_sa import _sql
+from postjob_sa import _session_sql, _sql
 from postjob_sa._db import Failure, failure
 from postjob_sa.models import MANUAL_WORKFLOW
 
@@ -50,7 +50,7 @@ class Served:
 
 def served(conn: Connection) -> Served:
     """What the live workers serve, as the database knows it now."""
-    lists = conn.execute(_sql.WORKERS_LIVE).scalars().all()
+    lists = conn.execute(_session_sql.WORKERS_LIVE).scalars().all()
     return Served(len(lists), frozenset(name for names in lists for name in names or ()))
 
 

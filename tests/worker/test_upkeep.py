@@ -22,7 +22,7 @@ from sqlalchemy import URL, Engine, create_engine, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from postjob_sa import JobQueue, Registry, _sql, workflow
+from postjob_sa import JobQueue, Registry, _session_sql, workflow
 from postjob_sa import _hot_tables as hot
 from postjob_sa._db import Conn
 from postjob_sa.cli import _statements
@@ -113,7 +113,7 @@ def checkout_buffers(engine: Engine, limit: int) -> int:
     """The buffers a checkout of ``limit`` reads, on a new connection (rolled back)."""
     with engine.connect() as conn:
         before = int(conn.execute(BLOCKS).scalar_one())
-        got = conn.execute(_sql.JOB_CHECKOUT, {
+        got = conn.execute(_session_sql.JOB_CHECKOUT, {
             "worker_id": None, "identifier": "upkeep test", "workflows": [W], "versions": [""],
             "queues": None, "limit": limit, "lease": 60, "promote": False}).all()
         read = int(conn.execute(BLOCKS).scalar_one()) - before
@@ -293,7 +293,7 @@ class HeldSnapshot:
     def __init__(self, engine: Engine):
         self.conn = engine.connect()
         self.conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
-        self.conn.execute(_sql.JOB_CHECKOUT, {
+        self.conn.execute(_session_sql.JOB_CHECKOUT, {
             "worker_id": None, "identifier": "snapshot", "workflows": [W], "versions": [""],
             "queues": None, "limit": 1, "lease": 60, "promote": False}).all()
 
@@ -348,7 +348,7 @@ def test_a_checkout_goes_on_while_the_index_is_rebuilt(
             started = time.monotonic()
             with admin.begin() as conn:
                 conn.execute(text("SET LOCAL lock_timeout = '3s'"))
-                got = conn.execute(_sql.JOB_CHECKOUT, {
+                got = conn.execute(_session_sql.JOB_CHECKOUT, {
                     "worker_id": None, "identifier": "during", "workflows": [W],
                     "versions": [""], "queues": None, "limit": 1, "lease": 60,
                     "promote": False}).all()
