@@ -323,7 +323,8 @@ class JobQueue(JobOperations):
         queues: Iterable[str] | None = None,
     ) -> list[Job]:
         """Check out up to ``limit`` runnable jobs (FOR UPDATE SKIP LOCKED) in the caller's
-        transaction; a rollback returns them. Record outcomes with complete()/fail().
+        transaction; a rollback returns them (idle workers take them at their next wake-up, or
+        within 30 s: a rollback notifies no one). Record outcomes with complete()/fail().
 
         It locks only the jobs it hands out: it makes no job due (the workers do), but takes
         the jobs whose time has come anyway; reaping is the workers' and ``reap()``'s job."""
