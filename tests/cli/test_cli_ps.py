@@ -227,5 +227,6 @@ def test_ps_top_ends_the_refresh_under_way_before_ctrl_c_stops_it(
                 out, err = proc.communicate(timeout=30)
                 locker.rollback()
             assert proc.returncode == 0, err
-            assert b"postjob top" in out
+            if presses == 1:  # two may interrupt the first frame, before anything is drawn
+                assert b"postjob top" in out
 
