@@ -104,8 +104,9 @@ def template_db(server_url: URL) -> str:
     return name
 
 
-#: Templates kept besides the newest (other checkouts of the code may be testing with them).
-KEPT_TEMPLATES = 3
+#: Templates kept besides the newest (other checkouts of the code, on branches with SQL of
+#: their own, may be testing with them at the same time).
+KEPT_TEMPLATES = 16
 
 
 def _drop_old_templates(conn: Connection) -> None:
