@@ -21,7 +21,7 @@ RETIRE_DIR = SQL_DIR / "retire"
 
 #: The revision that installs the live function files (every earlier one installs its frozen
 #: copy; the freeze recipe moves this on: postjob_sa/sql/README.md).
-LIVE_REVISION = "pj0010"
+LIVE_REVISION = "pj0011"
 
 #: The live function files, in the order they are installed (a LANGUAGE sql body is checked
 #: when it is created, so what it calls comes first; plpgsql bodies are checked when they run).

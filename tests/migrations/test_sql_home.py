@@ -28,7 +28,7 @@ HOST = Path(__file__).resolve().parents[1] / "host_project"
 DIGESTS = Path(__file__).with_name("revision_sql.json")
 #: The revisions, each from the one before (pj0001 from nothing).
 REVISIONS = ["pj0001", "pj0002", "pj0003", "pj0004", "pj0005", "pj0006", "pj0007", "pj0008",
-             "pj0009", "pj0010"]
+             "pj0009", "pj0010", "pj0011"]
 
 
 @pytest.fixture
