@@ -61,7 +61,7 @@ def _fastapi_post(app: Any, body: dict[str, Any]) -> tuple[int, Any]:
 
 EXAMPLES = [
     Example("flask_app", "flask0001", "heads", _flask_post),
-    Example("fastapi_app", "fastapi0010", "head", _fastapi_post),
+    Example("fastapi_app", "fastapi0011", "head", _fastapi_post),
 ]
 
 

@@ -27,7 +27,7 @@ APP = "examples.flask_sqlalchemy_app.app"
 MIGRATIONS = ROOT / "examples" / "flask_sqlalchemy_app" / "migrations"
 FLASK = str(Path(sys.executable).parent / "flask")
 #: the app's head: our schema to pj0007, the signups, our schema to pj0008 (a later release)
-HEAD = "fsqla0005"
+HEAD = "fsqla0006"
 
 
 @pytest.fixture
@@ -144,7 +144,8 @@ def test_postjob_db_revision_writes_into_flask_migrates_layout(tmp_path: Path) -
         for path in (target / "versions").glob("fsqla0001_*.py"):
             path.unlink()
         for later in ("fsqla0002_signups.py", "fsqla0003_postjob_schema_pj0008.py",
-                      "fsqla0004_postjob_schema_pj0009.py", "fsqla0005_postjob_schema_pj0010.py"):
+                      "fsqla0004_postjob_schema_pj0009.py", "fsqla0005_postjob_schema_pj0010.py",
+                      "fsqla0006_postjob_schema_pj0011.py"):
             (target / "versions" / later).unlink()
         res = postjob("db", "revision", how[0], how[1].format(d=target), "--rev-id", "fsqla0001",
                       "--to", "pj0007", url=None)

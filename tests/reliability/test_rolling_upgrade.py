@@ -41,9 +41,10 @@ from tests.reliability.rolling_enqueuer import is_parent
 
 pytestmark = pytest.mark.slow
 
-#: The released code (commit, schema revision): the release the head serves (pj0008), and
-#: the one before the head (pj0009, whose record pj0010 partitions under its workers).
-RELEASES = [("3e9eeec", "pj0008"), ("11edb20", "pj0009")]
+#: The released code (commit, schema revision): the release the head serves (pj0008), the
+#: one whose record pj0010 partitions under its workers (pj0009), and the release before the
+#: head (pj0010, the last round's).
+RELEASES = [("3e9eeec", "pj0008"), ("11edb20", "pj0009"), ("d779ba8", "pj0010")]
 OLD_WORKERS = 3
 NEW_WORKERS = 2
 OLD_KEYS = (1, 301)  # enqueued by the released code, before, during and after the migration

@@ -28,9 +28,9 @@ ADOPTION = "0ba0f0330356"
 #: ... the one `alembic revision --autogenerate` wrote next (orders.fulfil_job_id) ...
 FULFIL_JOB = "85a938654cea"
 #: ... and the ones `postjob db revision` wrote at each upgrade of postjob_sa since, oldest first
-#: (our schema to pj0003, pj0004, pj0005, pj0006, pj0007, pj0008, pj0009 and pj0010, the head)
+#: (our schema to pj0003, pj0004, pj0005, pj0006, pj0007, pj0008, pj0009, pj0010 and pj0011, the head)
 UPGRADES = ("5c2d81e07a44", "4b5e394ca18a", "9a9e5cf938d9", "5053e053e126", "a709e11b25d7",
-            "23df5c22f2bb", "0417b804b548", "6e1d3c2b9a40")
+            "23df5c22f2bb", "0417b804b548", "6e1d3c2b9a40", "806e08af641d")
 BEFORE_ADOPTION = "shop0003"
 
 
