@@ -1,0 +1,176 @@
+"""A transactional job's transaction that meets a conflict (a serialization failure, SQLSTATE
+40001, or a deadlock, 40P01) is the queue's to run again, at once, in a new transaction, with
+no attempt counted and no failure logged; only the fifth conflict in a row counts an attempt,
+and its error says why."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.orm import Session
+
+import postjob_sa
+from postjob_sa import JobQueue, Registry
+from tests.durable.conftest import BackgroundWorker, job, status_is, wait_until
+
+pytestmark = pytest.mark.both_drivers
+
+reg = Registry()
+#: what the waiter does between its checkout and its wait
+between: dict[str, threading.Event] = {}
+#: the bodies' runs, by workflow
+runs: dict[str, int] = {}
+#: the engine the conflicting bodies change the shared row on, behind their backs
+behind: dict[str, Engine] = {}
+
+
+@postjob_sa.workflow(name="txc.waiter", transactional=True, registry=reg)
+def waiter(session: Session, key: str) -> Any:
+    if "checked_out" in between:
+        between.pop("checked_out").set()  # the checkout's snapshot is taken ...
+        assert between.pop("emitted").wait(20)  # ... and an emit commits after it
+    return postjob_sa.wait_for_event(key)
+
+
+@postjob_sa.workflow(name="txc.conflicts", transactional=True, registry=reg)
+def conflicts(session: Session, until: int) -> str:
+    """Updates the shared row after another transaction updated it past this one's snapshot
+    (a real serialization failure at REPEATABLE READ) in its first ``until`` runs."""
+    runs["conflicts"] = n = runs.get("conflicts", 0) + 1
+    if n <= until:
+        with behind["engine"].begin() as other:
+            other.execute(text("UPDATE txc_rows SET n = n + 1 WHERE id = 1"))
+    session.execute(text("UPDATE txc_rows SET n = n + 1 WHERE id = 1"))
+    return f"run {n}"
+
+
+@postjob_sa.workflow(name="txc.deadlock", transactional=True, registry=reg)
+def deadlock(session: Session) -> str:
+    """Its first run deadlocks with another transaction (a real deadlock, which this one's
+    shorter deadlock_timeout makes this one's to report); its second runs through."""
+    runs["deadlock"] = n = runs.get("deadlock", 0) + 1
+    session.execute(text("UPDATE txc_rows SET n = n + 1 WHERE id = 1"))
+    if n == 1:
+        session.execute(text("SET LOCAL deadlock_timeout = '10ms'"))
+        other = threading.Thread(target=_lock_two_then_one, daemon=True)
+        other.start()
+        wait_until(lambda: _waiting_for_a_lock(behind["engine"]), 20, "the other one waits")
+    session.execute(text("UPDATE txc_rows SET n = n + 1 WHERE id = 2"))
+    return f"run {n}"
+
+
+def _lock_two_then_one() -> None:
+    with behind["engine"].begin() as conn:
+        conn.execute(text("SET LOCAL deadlock_timeout = '60s'"))
+        conn.execute(text("UPDATE txc_rows SET n = n + 1 WHERE id = 2"))
+        conn.execute(text("UPDATE txc_rows SET n = n + 1 WHERE id = 1 /* txc-other */"))
+
+
+def _waiting_for_a_lock(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE '%txc-other%' "
+            "AND pid <> pg_backend_pid()")).scalar())
+
+
+@pytest.fixture
+def rr(engine: Engine, clean: None) -> Iterator[Engine]:
+    """A worker's engine at REPEATABLE READ, the shared row, and no runs counted yet."""
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE IF EXISTS txc_rows"))
+        conn.execute(text("CREATE TABLE txc_rows (id int PRIMARY KEY, n int NOT NULL)"))
+        conn.execute(text("INSERT INTO txc_rows VALUES (1, 0), (2, 0)"))
+    rr = create_engine(engine.url, isolation_level="REPEATABLE READ")
+    behind["engine"] = engine
+    runs.clear()
+    try:
+        yield rr
+    finally:
+        between.clear()
+        behind.clear()
+        rr.dispose()
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE IF EXISTS txc_rows"))
+
+
+def _enqueue(engine: Engine, wf: Any, *args: Any, max_attempts: int = 1) -> int:
+    with Session(engine) as s:
+        job_id = JobQueue(s, registry=reg).enqueue(wf, *args, max_attempts=max_attempts).id
+        s.commit()
+    return int(job_id)
+
+
+def _failures(caplog: pytest.LogCaptureFixture, job_id: int) -> list[str]:
+    """The job's lines at WARNING and above (where a failed run is logged)."""
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and r.getMessage().startswith(f"job {job_id} (")]
+
+
+def test_a_wait_that_meets_an_emit_committed_after_the_checkout_costs_no_attempt(
+        engine: Engine, rr: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    """The wait takes the key's lock, which the emit held: at REPEATABLE READ a serialization
+    failure. With one attempt the job must still end ok, with the event's payload."""
+    key = "txc-wait"
+    job_id = _enqueue(engine, waiter, key, max_attempts=1)
+    checked_out, emitted = threading.Event(), threading.Event()
+    between.update(checked_out=checked_out, emitted=emitted)
+    with BackgroundWorker(rr, reg, transactional=True):
+        assert checked_out.wait(20)
+        with engine.begin() as conn:  # committed after the job's snapshot, before its wait
+            JobQueue(Session(bind=conn)).emit_event(key, "late")
+        emitted.set()
+        wait_until(lambda: job(engine, job_id)["status"] in ("ok", "failed"), 30,
+                   "the job ended")
+    ended = job(engine, job_id)
+    assert (ended["status"], ended["results"], ended["failed_attempts"]) == ("ok", ["late"], 0), \
+        ended
+    assert _failures(caplog, job_id) == []
+
+
+def test_conflicts_short_of_five_are_run_again_at_once_without_an_attempt(
+        engine: Engine, rr: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    job_id = _enqueue(engine, conflicts, 4, max_attempts=1)
+    with BackgroundWorker(rr, reg, transactional=True):
+        wait_until(lambda: job(engine, job_id)["status"] in ("ok", "failed"), 30,
+                   "the job ended")
+    ended = job(engine, job_id)
+    assert (ended["status"], ended["results"], ended["failed_attempts"]) == \
+        ("ok", ["run 5"], 0), ended
+    assert runs["conflicts"] == 5
+    assert _failures(caplog, job_id) == []
+    with engine.connect() as conn:  # 4 updates behind its back, and its own once
+        assert conn.execute(text("SELECT n FROM txc_rows")).scalar() == 5
+
+
+def test_the_fifth_conflict_in_a_row_counts_an_attempt_and_says_why(
+        engine: Engine, rr: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    job_id = _enqueue(engine, conflicts, 1000, max_attempts=2)
+    with BackgroundWorker(rr, reg, transactional=True):
+        wait_until(status_is(engine, job_id, "failed"), 30, "the job failed")
+    assert runs["conflicts"] == 10, "not five conflicts to each of its two attempts"
+    ended = job(engine, job_id)
+    assert ended["failed_attempts"] == 2
+    assert "5 conflicts in a row" in ended["error_message"], ended
+    assert "could not serialize" in ended["error_message"], ended
+    logged = _failures(caplog, job_id)
+    assert len(logged) == 2 and all("5 conflicts in a row" in m for m in logged), logged
+
+
+def test_a_deadlock_is_run_again_at_once_without_an_attempt(
+        engine: Engine, rr: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    job_id = _enqueue(engine, deadlock, max_attempts=1)
+    with BackgroundWorker(rr, reg, transactional=True):
+        wait_until(lambda: job(engine, job_id)["status"] in ("ok", "failed"), 30,
+                   "the job ended")
+    ended = job(engine, job_id)
+    assert (ended["status"], ended["results"], ended["failed_attempts"]) == \
+        ("ok", ["run 2"], 0), ended
+    assert _failures(caplog, job_id) == []
+    with engine.connect() as conn:  # the other transaction's two updates and the second run's
+        assert conn.execute(text("SELECT n FROM txc_rows ORDER BY id")).scalars().all() == [2, 2]
