@@ -108,6 +108,13 @@ def _enqueue(engine: Engine, wf: Any, *args: Any, max_attempts: int = 1) -> int:
     return int(job_id)
 
 
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The worker's lines at WARNING and above, but its stop's."""
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and r.name.startswith("postjob_sa")
+            and "the test is over" not in r.getMessage()]
+
+
 def _failures(caplog: pytest.LogCaptureFixture, job_id: int) -> list[str]:
     """The job's lines at WARNING and above (where a failed run is logged)."""
     return [r.getMessage() for r in caplog.records
@@ -132,7 +139,7 @@ def test_a_wait_that_meets_an_emit_committed_after_the_checkout_costs_no_attempt
     ended = job(engine, job_id)
     assert (ended["status"], ended["results"], ended["failed_attempts"]) == ("ok", ["late"], 0), \
         ended
-    assert _failures(caplog, job_id) == []
+    assert _warnings(caplog) == []
 
 
 def test_conflicts_short_of_five_are_run_again_at_once_without_an_attempt(
@@ -145,7 +152,7 @@ def test_conflicts_short_of_five_are_run_again_at_once_without_an_attempt(
     assert (ended["status"], ended["results"], ended["failed_attempts"]) == \
         ("ok", ["run 5"], 0), ended
     assert runs["conflicts"] == 5
-    assert _failures(caplog, job_id) == []
+    assert _warnings(caplog) == []
     with engine.connect() as conn:  # 4 updates behind its back, and its own once
         assert conn.execute(text("SELECT n FROM txc_rows WHERE id = 1")).scalar() == 5
 
@@ -173,7 +180,45 @@ def test_a_deadlock_is_run_again_at_once_without_an_attempt(
     ended = job(engine, job_id)
     assert (ended["status"], ended["results"], ended["failed_attempts"]) == \
         ("ok", ["run 2"], 0), ended
-    assert _failures(caplog, job_id) == []
+    assert _warnings(caplog) == []
     assert runs["deadlock"] == 2
     with engine.connect() as conn:  # the second run's update, not the first's too
         assert conn.execute(text("SELECT n FROM txc_rows WHERE id = 1")).scalar() == 1
+
+
+@postjob_sa.workflow(name="txc.parent", transactional=True, registry=reg)
+def parent(session: Session) -> Any:
+    return touching_parent.spawn().result()
+
+
+@postjob_sa.workflow(name="txc.touching_parent", transactional=True, registry=reg)
+def touching_parent(session: Session) -> str:
+    """Its first run has another transaction change its (sleeping) parent's row past this
+    one's snapshot: the parent's wake-up, written with this one's outcome, is a serialization
+    failure."""
+    runs["child"] = n = runs.get("child", 0) + 1
+    if n == 1:
+        with behind["engine"].begin() as other:
+            other.execute(text("UPDATE postjob.postjobs SET workflow_status = 'touched' "
+                               "WHERE id = :p"), {"p": postjob_sa.current_job().parent_id})
+    return f"child run {n}"
+
+
+def test_a_conflict_in_recording_the_outcome_is_run_again_at_once_without_an_attempt(
+        engine: Engine, rr: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="postjob_sa.worker")
+    job_id = _enqueue(engine, parent, max_attempts=1)
+    with BackgroundWorker(rr, reg, transactional=True):
+        wait_until(lambda: job(engine, job_id)["status"] in ("ok", "failed"), 30,
+                   "the parent ended")
+    ended = job(engine, job_id)
+    assert (ended["status"], ended["results"]) == ("ok", ["child run 2"]), ended
+    with engine.connect() as conn:
+        child = conn.execute(text("SELECT status::text, failed_attempts FROM postjob.postjobs "
+                                  "WHERE parent_id = :p"), {"p": job_id}).one()
+    assert tuple(child) == ("ok", 0)
+    assert runs["child"] == 2
+    retried = [m for m in caplog.messages if "running it again at once" in m]
+    assert len(retried) == 1 and "its outcome (ok) could not be recorded" in retried[0], retried
+    assert "SQLSTATE 40001" in retried[0], retried
+    assert _warnings(caplog) == []
