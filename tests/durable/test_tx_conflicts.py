@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 import postjob_sa
@@ -221,4 +223,68 @@ def test_a_conflict_in_recording_the_outcome_is_run_again_at_once_without_an_att
     retried = [m for m in caplog.messages if "running it again at once" in m]
     assert len(retried) == 1 and "its outcome (ok) could not be recorded" in retried[0], retried
     assert "SQLSTATE 40001" in retried[0], retried
+    assert _warnings(caplog) == []
+
+
+@postjob_sa.workflow(name="txc.wrapped", transactional=True, registry=reg)
+def wrapped(session: Session, how: str) -> str:
+    """Its first run meets a serialization failure and raises another error from it."""
+    runs["wrapped"] = n = runs.get("wrapped", 0) + 1
+    try:
+        conflicts.fn(session, 1 if n == 1 else 0)
+    except OperationalError as exc:
+        if how == "nonrecoverable":
+            raise postjob_sa.NonRecoverable("the app gives up on a conflict") from exc
+        raise RuntimeError("the app's own error") from exc
+    return f"run {n}"
+
+
+@pytest.mark.parametrize(("how", "status"), [("from", "ok"), ("nonrecoverable", "failed")])
+def test_an_error_raised_from_a_conflict_is_a_conflict_unless_non_recoverable(
+        engine: Engine, rr: Engine, caplog: pytest.LogCaptureFixture, how: str,
+        status: str) -> None:
+    job_id = _enqueue(engine, wrapped, how, max_attempts=1)
+    with BackgroundWorker(rr, reg, transactional=True):
+        wait_until(lambda: job(engine, job_id)["status"] in ("ok", "failed"), 30,
+                   "the job ended")
+    assert job(engine, job_id)["status"] == status
+    assert runs["wrapped"] == (2 if status == "ok" else 1)
+
+
+@postjob_sa.workflow(name="txc.conflicts_async", transactional=True, registry=reg)
+async def conflicts_async(session: AsyncSession, until: int) -> str:
+    """:func:`conflicts` as an ``async def`` workflow (run on the worker's async engine)."""
+    runs["async"] = n = runs.get("async", 0) + 1
+    if n <= until:
+        with behind["engine"].begin() as other:
+            other.execute(text("UPDATE txc_rows SET n = n + 1 WHERE id = 1"))
+    await session.execute(text("UPDATE txc_rows SET n = n + 1 WHERE id = 1"))
+    return f"run {n}"
+
+
+@pytest.fixture
+def rr_default(engine: Engine, rr: Engine) -> Iterator[Engine]:
+    """REPEATABLE READ as the database's default level: the level of the worker's async
+    connections, which take the database's."""
+    name = engine.url.database
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f'ALTER DATABASE "{name}" SET default_transaction_isolation = '
+                          "'repeatable read'"))
+    try:
+        yield rr
+    finally:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" RESET default_transaction_isolation'))
+        engine.dispose()  # its pooled connections carry the level
+
+
+def test_an_async_workflow_s_conflicts_are_run_again_at_once_too(
+        engine: Engine, rr_default: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    job_id = _enqueue(engine, conflicts_async, 2, max_attempts=1)
+    with BackgroundWorker(rr_default, reg, transactional=True):
+        wait_until(lambda: job(engine, job_id)["status"] in ("ok", "failed"), 30,
+                   "the job ended")
+    ended = job(engine, job_id)
+    assert (ended["status"], ended["results"], ended["failed_attempts"]) == \
+        ("ok", ["run 3"], 0), ended
     assert _warnings(caplog) == []
