@@ -59,6 +59,9 @@ class Outcome:
     #: seconds until a sleeping job runs again whatever wakes it before (a durable sleep, an
     #: event's timeout); None: until it is woken
     wake_in: float | None = None
+    #: an err's SQLSTATE when the run failed on a conflict with another transaction (see
+    #: :func:`conflict_of`): a transactional job's is run again at once, no attempt counted
+    conflict: str | None = None
 
     def describe(self) -> str:
         """'job 12 (app.send)', for log lines."""
@@ -152,6 +155,29 @@ def _array_text(value: str | None) -> str:
     return quoted
 
 
+#: The SQLSTATEs of a transaction's conflict with another, which running it again may get past.
+CONFLICTS = {"40001": "serialization failure", "40P01": "deadlock"}
+
+
+def conflict_of(exc: BaseException) -> str | None:
+    """The SQLSTATE (40001, 40P01) of the serialization failure or deadlock ``exc`` is, wraps
+    (SQLAlchemy's ``orig``) or was raised from or while handling; psycopg's errors carry it as
+    ``sqlstate``, psycopg2's as ``pgcode``."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        state = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
+        if state in CONFLICTS:
+            return str(state)
+        orig = getattr(e, "orig", None)
+        todo += [orig if isinstance(orig, BaseException) else None, e.__cause__, e.__context__]
+    return None
+
+
 def error_name(exc: BaseException) -> str:
     cls = type(exc)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
@@ -171,6 +197,7 @@ def _error_outcome(ctx: _RunContext, wf: Workflow[Any, Any], kind: str, exc: Bas
         version=wf.version,
         retry_in=_backoff.delay(wf.backoff, attempt, fast=ctx.fast_mode, workflow=wf.name)
         if kind == "err" else None,
+        conflict=conflict_of(exc) if kind == "err" and isinstance(exc, Exception) else None,
     )
 
 

@@ -5,7 +5,9 @@ The workflow gets a Session joined to that transaction: its ``commit()`` and ``r
 on a savepoint, so a workflow that rolls back its own work does not undo its checkout. All the
 job's writes sit inside one more savepoint of the runner's, which an error rolls back whole
 before the error is recorded. The outcome must be accepted (the job still held by this
-checkout) or nothing of the run commits.
+checkout) or nothing of the run commits. A serialization failure or a deadlock met on the way
+rolls back the whole transaction, checkout included, and the job runs again at once in a new
+one, with no attempt counted (postjob_sa.worker.conflicts).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -24,7 +27,15 @@ from postjob_sa._db import Conn, check_driver, no_prepared_statements
 from postjob_sa.context import RunningJob, _RunContext
 from postjob_sa.errors import InvalidJobState
 from postjob_sa.registry import Registry, Workflow
-from postjob_sa.worker.executor import Outcome, error_name, outcome_params, run_job, run_job_async
+from postjob_sa.worker.conflicts import Conflict, Conflicts
+from postjob_sa.worker.executor import (
+    Outcome,
+    conflict_of,
+    error_name,
+    outcome_params,
+    run_job,
+    run_job_async,
+)
 from postjob_sa.worker.recorder import log_outcome, recorded_status
 
 log = logging.getLogger("postjob_sa.worker")
@@ -48,6 +59,7 @@ class TransactionalRunner:
         self.fast_mode = fast_mode
         self._async: AsyncEngine | None = None
         self._promoted_at = float("-inf")
+        self.conflicts = Conflicts()
 
     def promote_if_due(self, conn: Conn, pairs: tuple[list[str], list[str]]) -> None:
         """Make due the jobs of ``pairs`` whose time has come, now and then, on the worker
@@ -60,7 +72,15 @@ class TransactionalRunner:
         self._promoted_at = now
 
     def step(self, checkout: dict[str, Any]) -> int | None:
-        """Run one job; its id once its outcome is committed, None if none was due."""
+        """Run one job; its id once its outcome is committed, None if none was due. A conflict
+        of its transaction runs it again at once (see postjob_sa.worker.conflicts)."""
+        while True:
+            try:
+                return self._step(checkout)
+            except Conflict as conflict:
+                self.conflicts.met(conflict)
+
+    def _step(self, checkout: dict[str, Any]) -> int | None:
         with self.engine.connect() as conn:
             if self.pooled:
                 no_prepared_statements(conn.connection.dbapi_connection, self.driver)
@@ -72,14 +92,27 @@ class TransactionalRunner:
                     return None
                 job = RunningJob(**row)
                 _metrics.started_many({(job.workflow, job.queue): 1})
-                outcome = self._run(conn, job)
-                rows = conn.execute(_session_sql.JOB_FINISH, _finish(outcome)).all()
-                _check_accepted(job, outcome, rows, trans.rollback)
-                trans.commit()
+                outcome = self._failed(job) or _unless_conflict(job, self._run(conn, job))
+                try:
+                    rows = conn.execute(_session_sql.JOB_FINISH, _finish(outcome)).all()
+                    _check_accepted(job, outcome, rows, trans.rollback)
+                    trans.commit()
+                except DBAPIError as exc:
+                    if conflict_of(exc) is None:
+                        raise
+                    raise _not_recorded(job, outcome, exc) from exc
             except BaseException:
                 if trans.is_active:
                     trans.rollback()
                 raise
+        return self._ended(job, outcome, rows)
+
+    def _failed(self, job: RunningJob) -> Outcome | None:
+        """The failed attempt of a job whose transaction met conflict after conflict."""
+        return self.conflicts.failed(job, self.registry.workflows[job.workflow], self.fast_mode)
+
+    def _ended(self, job: RunningJob, outcome: Outcome, rows: Sequence[Any]) -> int:
+        self.conflicts.ended(job.id)
         return _ended(job, outcome, rows)
 
     def _run(self, conn: Connection, job: RunningJob) -> Outcome:
@@ -114,6 +147,13 @@ class TransactionalRunner:
 
     async def step_async(self, checkout: dict[str, Any]) -> int | None:
         """:meth:`step` for ``async def`` workflows (runs on the worker's event loop)."""
+        while True:
+            try:
+                return await self._step_async(checkout)
+            except Conflict as conflict:
+                self.conflicts.met(conflict)
+
+    async def _step_async(self, checkout: dict[str, Any]) -> int | None:
         async with self._async_engine().connect() as conn:
             trans = await conn.begin()
             try:
@@ -123,17 +163,23 @@ class TransactionalRunner:
                     return None
                 job = RunningJob(**row)
                 _metrics.started_many({(job.workflow, job.queue): 1})
-                outcome = await self._run_async(conn, job)
-                rows = (await conn.execute(_session_sql.JOB_FINISH, _finish(outcome))).all()
-                if _lost(job, rows):
-                    await trans.rollback()
-                _check_accepted(job, outcome, rows, lambda: None)
-                await trans.commit()
+                outcome = self._failed(job) or _unless_conflict(
+                    job, await self._run_async(conn, job))
+                try:
+                    rows = (await conn.execute(_session_sql.JOB_FINISH, _finish(outcome))).all()
+                    if _lost(job, rows):
+                        await trans.rollback()
+                    _check_accepted(job, outcome, rows, lambda: None)
+                    await trans.commit()
+                except DBAPIError as exc:
+                    if conflict_of(exc) is None:
+                        raise
+                    raise _not_recorded(job, outcome, exc) from exc
             except BaseException:
                 if trans.is_active:
                     await trans.rollback()
                 raise
-        return _ended(job, outcome, rows)
+        return self._ended(job, outcome, rows)
 
     async def _run_async(self, conn: AsyncConnection, job: RunningJob) -> Outcome:
         wf = self.registry.workflows[job.workflow]
@@ -196,7 +242,25 @@ def _not_committed(job: RunningJob, wf: Workflow[Any, Any], exc: Exception,
                    version=wf.version, workflow=job.workflow, attempt=job.attempt,
                    max_attempts=job.max_attempts,
                    retry_in=_backoff.delay(wf.backoff, job.attempt, fast=fast_mode,
-                                           workflow=wf.name))
+                                           workflow=wf.name),
+                   conflict=conflict_of(exc))
+
+
+def _unless_conflict(job: RunningJob, outcome: Outcome) -> Outcome:
+    """The run's outcome, to be recorded; a run that failed on a conflict raises
+    :class:`Conflict` instead (its transaction is rolled back, and the job run again)."""
+    if outcome.conflict is not None and outcome.kind == "err" and outcome.interrupt is None:
+        raise Conflict(job, outcome)
+    return outcome
+
+
+def _not_recorded(job: RunningJob, outcome: Outcome, exc: DBAPIError) -> Conflict:
+    """The conflict ``exc`` met in recording the run's outcome or committing it."""
+    return Conflict(job, Outcome(
+        job.id, job.lease_token, "err", error=error_name(exc),
+        message=f"its outcome ({outcome.kind}) could not be recorded: {exc}",
+        backtrace=outcome.backtrace, version=outcome.version, workflow=job.workflow,
+        attempt=job.attempt, max_attempts=job.max_attempts, conflict=conflict_of(exc)))
 
 
 def _no_lost(outcome: Outcome) -> Outcome:
