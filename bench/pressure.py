@@ -128,7 +128,8 @@ class Holders:
             thread.join(timeout=60)
         for conn in self.conns:
             try:
-                conn.rollback()
+                with conn.cursor() as cur:
+                    cur.execute("ROLLBACK")
             finally:
                 conn.close()
         self.conns, self.threads = [], []
