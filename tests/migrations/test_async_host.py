@@ -88,7 +88,10 @@ def test_alembic_upgrade_and_downgrade_on_asyncpg(fresh_db: URL, tmp_path: Path)
 
     alembic(project, "upgrade", "head")
     assert installed(fresh_db) == head_revision()
-    assert "alembic_version" in inspect(create_engine(fresh_db)).get_table_names()
+    engine = create_engine(fresh_db)
+    with engine.connect() as conn:
+        assert "alembic_version" in inspect(conn).get_table_names()
+    engine.dispose()
 
     alembic(project, "downgrade", "base")
     assert installed(fresh_db) is None
@@ -124,20 +127,20 @@ def test_migrate_takes_an_asyncpg_url(fresh_db: URL) -> None:
 
 def test_migrate_takes_an_async_engine(fresh_db: URL) -> None:
     engine = create_async_engine(asyncpg_url(fresh_db))
-    try:
-        postjob_sa.migrate(engine)
-        assert installed(fresh_db) == head_revision()
+    postjob_sa.migrate(engine)
+    assert installed(fresh_db) == head_revision()
 
-        async def app_uses_its_engine() -> str | None:
-            # the app's own loop and pool: migrate() left nothing in them of another loop
+    async def app_uses_its_engine() -> str | None:
+        # the app's own loop and pool: migrate() left nothing in them of another loop
+        try:
             async with engine.connect() as conn:
                 return await conn.run_sync(installed_revision)
+        finally:
+            await engine.dispose()
 
-        assert asyncio.run(app_uses_its_engine()) == head_revision()
-        postjob_sa._migrations.downgrade(engine)
-        assert installed(fresh_db) is None
-    finally:
-        asyncio.run(engine.dispose())
+    assert asyncio.run(app_uses_its_engine()) == head_revision()
+    postjob_sa._migrations.downgrade(engine)
+    assert installed(fresh_db) is None
 
 
 def test_migrate_an_async_engine_from_inside_a_running_loop(fresh_db: URL) -> None:
