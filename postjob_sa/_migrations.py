@@ -13,7 +13,7 @@ import functools
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError
@@ -26,6 +26,7 @@ from postjob_sa.models import SCHEMA
 if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.script import Script
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 ALEMBIC_DIR = Path(__file__).parent / "alembic"
 VERSIONS_DIR = ALEMBIC_DIR / "versions"
@@ -191,42 +192,53 @@ def _own_history(conn: Connection, action: str) -> None:
         ctx.stamp(ScriptDirectory.from_config(_config(conn)), "base")
 
 
-def _hand_over(conn: Connection, bind: Bind) -> None:
-    """End the transaction our checks began on a connection of ours, so that Alembic owns the
-    transactions of the upgrade: a revision's autocommit block (CREATE INDEX CONCURRENTLY)
-    needs that. A caller's connection is the caller's to commit."""
-    if conn is not bind and conn.in_transaction():
-        conn.commit()
-
-
-def migrate(bind: Bind, revision: str = "heads") -> None:
+def migrate(bind: Bind | AsyncEngine, revision: str = "heads") -> None:
     """Bring the ``postjob`` schema to the newest revision; idempotent.
 
-    ``bind`` is an Engine, a Connection (the caller commits) or a database URL. Raises
+    ``bind`` is an Engine, a Connection (the caller commits) or a database URL; an
+    ``AsyncEngine`` or a ``postgresql+asyncpg://`` URL too (on connections of its own, in a
+    loop of its own: it may be called inside the app's running loop). Raises
     :class:`SchemaError` on a database whose schema a host's Alembic migrations installed:
     there, run ``alembic upgrade head``.
     """
-    with _connection(bind) as conn:
-        _own_history(conn, "run your `alembic upgrade head` (`heads` on the branch way) instead")
-        _hand_over(conn, bind)
-        config = _config(conn)
-        from alembic.command import upgrade
-
-        upgrade(config, revision)
+    _apply(bind, "upgrade", revision,
+           "run your `alembic upgrade head` (`heads` on the branch way) instead")
 
 
-def downgrade(bind: Bind, revision: str = "base") -> None:
+def downgrade(bind: Bind | AsyncEngine, revision: str = "base") -> None:
     """Downgrade the ``postjob`` schema; ``base`` drops the schema and every job in it.
 
-    Like :func:`migrate`, it leaves a schema that a host's Alembic manages alone.
+    It takes what :func:`migrate` takes, and leaves a schema that a host's Alembic manages
+    alone.
     """
-    with _connection(bind) as conn:
-        _own_history(conn, "downgrade it with your `alembic downgrade`")
-        _hand_over(conn, bind)
-        config = _config(conn)
-        from alembic.command import downgrade
+    _apply(bind, "downgrade", revision, "downgrade it with your `alembic downgrade`")
 
-        downgrade(config, revision)
+
+def _apply(bind: Bind | AsyncEngine, command: str, revision: str, instead: str) -> None:
+    from postjob_sa import _async_bind
+
+    if _async_bind.is_async(bind):
+        _async_bind.run_on_connection(cast("AsyncEngine | str", bind),
+                                      lambda conn: _apply_on(conn, True, command, revision, instead))
+        return
+    with _connection(cast(Bind, bind)) as conn:
+        _apply_on(conn, conn is not bind, command, revision, instead)
+
+
+def _apply_on(conn: Connection, owned: bool, command: str, revision: str, instead: str) -> None:
+    _own_history(conn, instead)
+    if owned and conn.in_transaction():
+        # end the transaction our checks began on a connection of ours, so that Alembic owns
+        # the transactions of the run: a revision's autocommit block (CREATE INDEX
+        # CONCURRENTLY) needs that. A caller's connection is the caller's to commit.
+        conn.commit()
+    config = _config(conn)
+    from alembic import command as commands
+
+    from postjob_sa._asyncpg_scripts import scripts_sent_whole
+
+    with scripts_sent_whole(conn):
+        getattr(commands, command)(config, revision)
 
 
 def check_revision(installed: str | None, oldest_served: str | None = None) -> None:

@@ -19,8 +19,10 @@ ask: the start is what your history applied up to the revision the range starts 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
+from collections.abc import Iterator
 
 from postjob_sa import _alembic_quiet  # noqa: F401  (first: Alembic imported quietly)
 
@@ -30,6 +32,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.util import CommandError
 
 from postjob_sa import _host_history
+from postjob_sa._asyncpg_scripts import scripts_sent_whole
 from postjob_sa._migrations import (
     DROP_VERSION_TABLE_SQL,
     _standalone_heads,
@@ -69,8 +72,9 @@ def upgrade(to: str) -> None:
             f"the postjob schema is at {revisions()[start]}, newer than {to}: "
             "a revision of yours upgrades it to an older revision than the database has"
         )
-    for script in scripts()[start + 1 : target + 1]:
-        script.module.upgrade()
+    with _sending(ctx):
+        for script in scripts()[start + 1 : target + 1]:
+            script.module.upgrade()
     op.execute(DROP_VERSION_TABLE_SQL)  # a schema `postjob db migrate` installed is now yours
     _OFFLINE[ctx] = to
 
@@ -93,9 +97,21 @@ def downgrade(to: str | None) -> None:
         raise SchemaError(f"the postjob schema is {installed}, older than {to}: nothing to downgrade")
     if target < 0 <= start and not ctx.as_sql:
         _refuse_dropping_unfinished()
-    for script in reversed(scripts()[target + 1 : start + 1]):
-        script.module.downgrade()
+    with _sending(ctx):
+        for script in reversed(scripts()[target + 1 : start + 1]):
+            script.module.downgrade()
     _OFFLINE[ctx] = to
+
+
+@contextlib.contextmanager
+def _sending(ctx: MigrationContext) -> Iterator[None]:
+    """Online, our revisions' scripts of many statements go whole (asyncpg prepares each
+    statement otherwise, and refuses them)."""
+    if ctx.as_sql:
+        yield
+        return
+    with scripts_sent_whole(op.get_bind()):
+        yield
 
 
 #: The -x argument and the environment variable that let a downgrade drop unfinished jobs.

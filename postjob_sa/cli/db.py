@@ -208,7 +208,26 @@ def _host_config(ini: Path, directory: str | None) -> Config:
     elif cfg.get_main_option("script_location") is None:
         # Flask-Migrate sets it in code, to the folder that holds this alembic.ini
         cfg.set_main_option("script_location", str(ini.resolve().parent))
+    else:
+        _find_scripts(cfg, ini)
     return cfg
+
+
+def _find_scripts(cfg: Config, ini: Path) -> None:
+    """A relative ``script_location`` is read from the ini's folder (where ``alembic`` run
+    beside it finds it), else from the current one (Alembic's own reading). Where neither has
+    it (a framework that sets it in code, as Advanced Alchemy does), InvalidArgument."""
+    location = cfg.get_main_option("script_location") or ""
+    path = Path(location)
+    if ":" in location and not path.is_absolute():
+        return  # package:folder, which Alembic finds among the installed packages
+    beside = ini.resolve().parent / path
+    if not path.is_absolute() and beside.is_dir():
+        cfg.set_main_option("script_location", str(beside).replace("%", "%%"))
+    elif not path.is_dir():
+        raise InvalidArgument(
+            f"no Alembic scripts at {location} (script_location of {ini}, read from its "
+            "folder and from the current one): pass your migrations folder with --directory DIR")
 
 
 def _role_name(role: str) -> str:
