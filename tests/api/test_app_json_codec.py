@@ -34,6 +34,11 @@ def parent(x: int) -> int:
     return x
 
 
+@postjob_sa.workflow(name="codec.failing", registry=reg)
+def failing(x: str) -> str:
+    raise RuntimeError(x)
+
+
 def _encode(value: bytes) -> bytes:
     ENCODED.append(value)
     return b"\x01" + value  # the app's serializer gives bytes (orjson.dumps)
@@ -127,9 +132,10 @@ def test_enqueue_and_enqueue_many_bind_nothing_the_apps_codec_sees(
             keyed = await q.enqueue("codec.keyed", [1.5], unique_key="only-one")
             assert (await q.enqueue("codec.keyed", [1.5], unique_key="only-one")).id == keyed.id
             many = await q.enqueue_many("codec.many", [[1], [{"a": True}], []], tags={"b": "2"})
+            ids = root.id, child.id, many, keyed.id
             s.add(Note(id=2, body=[root.id]))  # the app's own write in the same transaction
             await s.commit()
-            return root.id, child.id, many, keyed.id
+            return ids
 
     root, child, many, keyed = _run(db_url, body)
     assert ENCODED == [f"[{root}]".encode()]  # the app's note only
@@ -147,20 +153,21 @@ def test_what_postjob_stored_reads_back_through_the_apps_codec(
         async with AsyncSession(engine) as s:
             q = AsyncJobQueue(s, registry=reg, fast_mode=True)
             job = await q.enqueue(parent, 7, tags={"t": "x"})
-            failing = await q.enqueue("codec.failing", ["a"])
+            other_job = await q.enqueue(failing, "a")
+            ids = job.id, other_job.id
             await s.commit()
             (taken,) = await q.checkout(workflows=["codec.parent"])
-            assert taken.id == job.id and taken.args == [7]
+            assert taken.id == ids[0] and taken.args == [7]
             await q.complete(taken, {"answer": [42, "ü"]})
             (other,) = await q.checkout(workflows=["codec.failing"])
             await q.fail(other, RuntimeError("nope"), retry=False)
             await s.commit()
         async with AsyncSession(engine) as s:
-            done = await s.get(Job, job.id)
+            done = await s.get(Job, ids[0])
             assert done is not None and done.status is Status.ok
             assert done.args == [7] and done.tags == {"t": "x"}
             assert done.result() == {"answer": [42, "ü"]}
-            failed = await s.get(Job, failing.id)
+            failed = await s.get(Job, ids[1])
             assert failed is not None and failed.status is Status.failed
             assert failed.error_message == "nope" and failed.args == ["a"]
 
