@@ -30,9 +30,10 @@ def _ok(res: Any) -> str:
     return str(res.stdout)
 
 
-def test_every_command_takes_the_apps_async_url(async_url: str, engine: Engine) -> None:
+def test_every_command_takes_the_apps_async_url(db_url: URL, clean: None, engine: Engine) -> None:
+    async_url = url_string(db_url.set(drivername="postgresql+asyncpg"))
     status = json.loads(_ok(postjob("db", "status", "--json", url=async_url)))
-    assert status["driver"] == "psycopg 3" and status["state"] == "up to date"
+    assert status["driver"] == "psycopg" and status["state"] == "up to date"
     job_id = int(_ok(postjob("job", "enqueue", "demo.measure", '"four"', url=async_url)))
     run = postjob("run", "--import", "postjob_sa.demo", "--count", "1", "--fast", url=async_url)
     _ok(run)
@@ -46,7 +47,7 @@ def test_every_command_takes_the_apps_async_url(async_url: str, engine: Engine) 
     _ok(postjob("event", "prune", "--older-than", "1d", url=async_url))
     _ok(postjob("reap", url=async_url))
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT results FROM postjob.postjobs")).scalar() == 4
+        assert conn.execute(text("SELECT results FROM postjob.postjobs")).scalar() == [4]
 
 
 def test_the_environments_database_url_works_too(async_url: str) -> None:
