@@ -41,6 +41,10 @@ class _SyncSide(JobQueue):
     def _check_bind(self, engine: Engine) -> None:
         check_session_driver(engine)
 
+    @property
+    def _called_as(self) -> str:
+        return "AsyncJobQueue"
+
 
 def _forward(method: Callable[Concatenate[JobQueue, P], R]) -> Callable[Concatenate[AsyncJobQueue, P], Awaitable[R]]:
     """``JobQueue.method``, awaitable, on the async session's underlying Session."""
