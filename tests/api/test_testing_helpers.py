@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import URL
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import URL, event
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import postjob_sa
@@ -93,3 +94,27 @@ def test_run_jobs_async_runs_until_idle_including_retries(db_url: URL, clean: No
         assert await run_jobs_async(session, registry=reg) == 0  # nothing left
 
     _run_async(db_url, body)
+
+
+def test_enqueued_async_matches_args_whatever_the_apps_jsonb_codec_expects(
+    db_url: URL, clean: None
+) -> None:
+    """A codec whose encoder takes the app's values (orjson.dumps(value)), with SQLAlchemy's
+    default serializer: a jsonb parameter bound through it would be JSON of JSON text."""
+    async def main() -> list[list[Any]]:
+        engine = create_async_engine(db_url.set(drivername="postgresql+asyncpg"))
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _codec(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.run_async(lambda conn: conn.set_type_codec(
+                "jsonb", encoder=lambda v: b"\x01" + json.dumps(v).encode(),
+                decoder=lambda b: json.loads(b[1:]), schema="pg_catalog", format="binary"))
+
+        try:
+            async with AsyncSession(engine) as session:
+                await AsyncJobQueue(session, registry=reg).enqueue(greet, "ada")
+                return [j.args for j in await enqueued_async(session, greet, "ada")]
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(main()) == [["ada"]]
