@@ -3,7 +3,8 @@ postjob stores reads back through it.
 
 The codec is the one Advanced Alchemy's asyncpg recipe and the litestar-fullstack template
 register in an engine ``connect`` event: binary, its encoder handed the bytes the app's JSON
-serializer made (an encoder given a ``str`` fails with ``can't concat str to bytes``).
+serializer made (an encoder given a ``str`` fails with ``can't concat str to bytes``). A
+``json`` codec of the app's is set too, and must never be handed anything.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def _encode(value: bytes) -> bytes:
     return b"\x01" + value  # the app's serializer gives bytes (orjson.dumps)
 
 
+def _encode_json(value: Any) -> str:
+    ENCODED.append(value)
+    raise TypeError("the app's json codec was handed a parameter")
+
+
 def _decode(data: bytes) -> Any:
     return json.loads(data[1:])
 
@@ -59,8 +65,13 @@ def app_engine(db_url: URL) -> AsyncEngine:
 
     @event.listens_for(engine.sync_engine, "connect")
     def _codec(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.run_async(lambda conn: conn.set_type_codec(
-            "jsonb", encoder=_encode, decoder=_decode, schema="pg_catalog", format="binary"))
+        async def codecs(conn: Any) -> None:
+            await conn.set_type_codec("jsonb", encoder=_encode, decoder=_decode,
+                                      schema="pg_catalog", format="binary")
+            await conn.set_type_codec("json", encoder=_encode_json, decoder=json.loads,
+                                      schema="pg_catalog")
+
+        dbapi_connection.run_async(codecs)
 
     return engine
 
