@@ -4,6 +4,11 @@ commands, the dashboard's and the CLI's settings), named noun first.
 They are ``text()`` constructs run through the caller's Session or Connection, so they join the
 caller's transaction. The worker's statements are in ``postjob_sa._sql``. No statement is ever
 built from user input: values travel as bound parameters only.
+
+JSON travels as text, cast to jsonb in the statement (``CAST(:args AS text)::jsonb``), never as
+a jsonb parameter: a driver that types its parameters (asyncpg) would hand a jsonb one to the
+application's own jsonb codec, if it set one, and such a codec expects the application's values,
+not our JSON text.
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ from postjob_sa._sql import HISTORY_ROTATE_SQL
 #: A root job, queued by one call (postjob.enqueue_v1, see postjob_sa/sql/jobs.sql): its id,
 #: or NULL when an unfinished job holds the unique key (see JOB_BY_UNIQUE_KEY).
 JOB_ENQUEUE = text(
-    "SELECT postjob.enqueue_v1(:workflow, CAST(:args AS jsonb), :queue, :max_attempts, "
-    ":timeout, :version, CAST(:tags AS jsonb), CAST(:run_at AS timestamptz), :priority, "
-    ":unique_key, CAST(:trace_context AS jsonb)) AS id"
+    "SELECT postjob.enqueue_v1(:workflow, CAST(:args AS text)::jsonb, :queue, :max_attempts, "
+    ":timeout, :version, CAST(:tags AS text)::jsonb, CAST(:run_at AS timestamptz), :priority, "
+    ":unique_key, CAST(:trace_context AS text)::jsonb) AS id"
 )
 
 #: Enqueues of children of one parent, one transaction at a time (the record is partitioned:
@@ -33,15 +38,15 @@ JOB_CHILDREN_LOCK = text("SELECT pg_advisory_xact_lock(1886023987, hashint8(:par
 JOB_ENQUEUE_CHILD = text(
     "INSERT INTO postjob.postjobs (workflow, args, queue, max_attempts, timeout, "
     "workflow_version, tags, parent_id, next_run_at, priority, unique_key, trace_context) "
-    "SELECT :workflow, CAST(:args AS jsonb), :queue, :max_attempts, :timeout, :version, "
-    "CAST(:tags AS jsonb), :parent_id, COALESCE(CAST(:run_at AS timestamptz), now()), "
-    ":priority, :unique_key, CAST(:trace_context AS jsonb) "
+    "SELECT :workflow, CAST(:args AS text)::jsonb, :queue, :max_attempts, :timeout, :version, "
+    "CAST(:tags AS text)::jsonb, :parent_id, COALESCE(CAST(:run_at AS timestamptz), now()), "
+    ":priority, :unique_key, CAST(:trace_context AS text)::jsonb "
     "WHERE (CAST(:unique_key AS varchar) IS NULL OR NOT EXISTS ("
     "  SELECT 1 FROM postjob.unfinished WHERE unique_key = CAST(:unique_key AS varchar))) "
     "AND NOT EXISTS (SELECT 1 FROM postjob.postjobs e "
     "  WHERE e.parent_id = CAST(:parent_id AS bigint) AND e.id > CAST(:parent_id AS bigint) "
     "  AND e.workflow = CAST(:workflow AS varchar) AND e.workflow_method = 'run' "
-    "  AND md5(e.args::text) = md5(CAST(:args AS jsonb)::text)) "
+    "  AND md5(e.args::text) = md5(CAST(:args AS text)::jsonb::text)) "
     "ON CONFLICT DO NOTHING "
     "RETURNING id, root_id, full_id"
 )
@@ -54,7 +59,7 @@ JOB_BY_UNIQUE_KEY = text(
 JOB_CHILD_BY_KEY = text(
     "SELECT id FROM postjob.postjobs WHERE parent_id = :parent_id AND id > :parent_id "
     "AND workflow = :workflow "
-    "AND workflow_method = 'run' AND md5(args::text) = md5(CAST(:args AS jsonb)::text)"
+    "AND workflow_method = 'run' AND md5(args::text) = md5(CAST(:args AS text)::jsonb::text)"
 )
 
 #: Root jobs, one per element of :args, queued by the same statement.
@@ -62,7 +67,7 @@ JOB_ENQUEUE_MANY = text(
     "WITH n AS (SELECT nextval('postjob.postjobs_id_seq') AS id, a.args, "
     "  COALESCE(CAST(:run_at AS timestamptz), statement_timestamp()) AS run_at, "
     "  statement_timestamp() + CAST(:timeout AS float8) * interval '1 second' AS timing_out_at "
-    "  FROM jsonb_array_elements(CAST(:args AS jsonb)) AS a(args)), "
+    "  FROM jsonb_array_elements(CAST(:args AS text)::jsonb) AS a(args)), "
     "u AS (INSERT INTO postjob.unfinished (job_id, status, workflow, workflow_version, queue, "
     "  priority, run_at, due, timing_out_at) "
     "  SELECT n.id, 'ready', :workflow, :version, :queue, :priority, n.run_at, "
@@ -71,8 +76,8 @@ JOB_ENQUEUE_MANY = text(
     "  workflow_version, args, tags, max_attempts, timeout, timing_out_at, next_run_at, "
     "  priority, trace_context, queued) "
     "  SELECT n.id, n.id, n.id::text, :queue, :workflow, :version, n.args, "
-    "  CAST(:tags AS jsonb), :max_attempts, :timeout, n.timing_out_at, n.run_at, :priority, "
-    "  CAST(:trace_context AS jsonb), true FROM n RETURNING id), "
+    "  CAST(:tags AS text)::jsonb, :max_attempts, :timeout, n.timing_out_at, n.run_at, :priority, "
+    "  CAST(:trace_context AS text)::jsonb, true FROM n RETURNING id), "
     "w AS (SELECT postjob._wake(count(*)::integer) FROM j) "
     "SELECT j.id FROM j, w ORDER BY j.id"
 )
@@ -106,9 +111,10 @@ JOB_CHECKOUT = text(
 #: and the sleeps woken at once ('woken').
 JOB_FINISH = text(
     "SELECT kind, id FROM postjob.finish_v4(CAST(:ok_ids AS bigint[]), "
-    "CAST(:ok_tokens AS bigint[]), CAST(:ok_results AS jsonb[]), CAST(:ok_versions AS text[]), "
+    "CAST(:ok_tokens AS bigint[]), CAST(:ok_results AS text[])::jsonb[], "
+    "CAST(:ok_versions AS text[]), "
     "CAST(:ids AS bigint[]), CAST(:tokens AS bigint[]), CAST(:kinds AS text[]), "
-    "CAST(:errors AS text[]), CAST(:messages AS text[]), CAST(:backtraces AS jsonb[]), "
+    "CAST(:errors AS text[]), CAST(:messages AS text[]), CAST(:backtraces AS text[])::jsonb[], "
     "CAST(:versions AS text[]), CAST(:awaiting AS bigint[]), CAST(:delays AS float8[]), "
     "CAST(:stopped AS bigint[]), CAST(:stopped_tokens AS bigint[]))"
 )
@@ -119,7 +125,7 @@ TOKEN_JOB = text(
 )
 
 JOB_RESOLVE = text(
-    "SELECT postjob.resolve(CAST(:token AS uuid), CAST(:result AS jsonb), "
+    "SELECT postjob.resolve(CAST(:token AS uuid), CAST(:result AS text)::jsonb, "
     "CAST(:error AS varchar), CAST(:message AS varchar))"
 )
 
@@ -148,7 +154,8 @@ JOBS_REAP = text("SELECT postjob.reap_v4()")
 # -- events (postjob_sa/sql/durable.sql) -------------------------------------------------------
 
 #: Record an event in the caller's transaction and wake its waiters; the event's id.
-EVENT_EMIT = text("SELECT postjob.emit_event_v1(CAST(:key AS varchar), CAST(:payload AS jsonb))")
+EVENT_EMIT = text(
+    "SELECT postjob.emit_event_v1(CAST(:key AS varchar), CAST(:payload AS text)::jsonb)")
 
 #: Delete the events emitted more than ``seconds`` ago (``postjob event prune``).
 EVENTS_PRUNE = text(

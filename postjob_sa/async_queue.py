@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from typing_extensions import Unpack
 
 from postjob_sa._db import check_session_driver
+from postjob_sa._sync_url import SYNC_DRIVERNAME, sync_url
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.models import Job
 from postjob_sa.queue import JobQueue
@@ -39,6 +40,10 @@ class _SyncSide(JobQueue):
 
     def _check_bind(self, engine: Engine) -> None:
         check_session_driver(engine)
+
+    @property
+    def _called_as(self) -> str:
+        return "AsyncJobQueue"
 
 
 def _forward(method: Callable[Concatenate[JobQueue, P], R]) -> Callable[Concatenate[AsyncJobQueue, P], Awaitable[R]]:
@@ -141,7 +146,7 @@ class AsyncJobQueue:
             raise InvalidArgument("AsyncJobQueue's session must be bound to an AsyncEngine, or "
                                   "pass worker_engine=")
         # the worker's connections are sync ones: psycopg 3, whatever the async driver
-        return create_engine(bind.url.set(drivername="postgresql+psycopg")), True
+        return create_engine(sync_url(bind.url).set(drivername=SYNC_DRIVERNAME)), True
 
     async def _run(self, *, handle_signals: bool = False, **options: Any) -> int:
         engine, ours = self._engine()

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any
+from typing import Any, Never
 
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session, make_transient_to_detached, scoped_session
@@ -19,10 +19,11 @@ from typing_extensions import Unpack
 
 from postjob_sa import _backoff, _metrics, _session_sql, _tracing, _validate
 from postjob_sa._db import check_driver
+from postjob_sa._enqueue_args import job_options, keywords_refused, workflow_name
 from postjob_sa._migrations import schema_checked
 from postjob_sa._operations import JobOperations
 from postjob_sa.errors import InvalidArgument, InvalidJobState
-from postjob_sa.models import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MANUAL_WORKFLOW, Job, Status
+from postjob_sa.models import Job, Status
 from postjob_sa.registry import Registry, Workflow, default_registry
 from postjob_sa.worker import pooler
 from postjob_sa.worker.executor import MAX_MESSAGE_CHARS, Outcome, error_name, outcome_params
@@ -36,23 +37,6 @@ from postjob_sa.worker.options import (
 
 #: An enqueue with a unique key inserts again when the key's holder finished meanwhile.
 ENQUEUE_TRIES = 5
-
-
-def _workflow_name(workflow: Workflow[Any, Any] | str) -> tuple[str, Workflow[Any, Any] | None]:
-    if isinstance(workflow, Workflow):
-        return workflow.name, workflow
-    if callable(workflow):
-        raise InvalidArgument(
-            f"{getattr(workflow, '__qualname__', workflow)!r} is not a workflow: decorate it with "
-            "@postjob_sa.workflow (or pass the workflow's name)"
-        )
-    name = _validate.name(workflow, "workflow")
-    if name == MANUAL_WORKFLOW:
-        raise InvalidArgument(
-            f"{MANUAL_WORKFLOW} is reserved for manual steps, which no worker runs: create one "
-            "with postjob_sa.manual(...) inside a workflow"
-        )
-    return name, None
 
 
 class JobQueue(JobOperations):
@@ -146,6 +130,11 @@ class JobQueue(JobOperations):
         self._check_bind(engine)
         return engine
 
+    @property
+    def _called_as(self) -> str:
+        """The class the caller used, as errors name it (AsyncJobQueue's queue: AsyncJobQueue)."""
+        return type(self).__name__
+
     def _check_bind(self, engine: Engine) -> None:
         """A driver the queue's statements run on (AsyncJobQueue's queue allows async ones)."""
         check_driver(engine)
@@ -165,31 +154,9 @@ class JobQueue(JobOperations):
 
     # -- enqueue -----------------------------------------------------------------------------
 
-    def _options(
-        self,
-        wf: Workflow[Any, Any] | None,
-        queue: str | None,
-        max_attempts: int | None,
-        timeout: float | None,
-        version: str | None,
-        tags: Mapping[str, Any] | None,
-        run_at: datetime | None,
-    ) -> dict[str, Any]:
-        return {
-            "queue": _validate.name(queue, "queue") if queue is not None
-            else (wf.queue if wf and wf.queue else DEFAULT_QUEUE),
-            "max_attempts": _validate.max_attempts(max_attempts)
-            or (wf.max_attempts if wf and wf.max_attempts else DEFAULT_MAX_ATTEMPTS),
-            "timeout": _validate.seconds(timeout, "timeout")
-            if timeout is not None else (wf.timeout if wf else None),
-            "workflow_version": "" if version is None else _validate.name(version, "version"),
-            "tags": _validate.tags_json(tags),
-            "run_at": _validate.run_at(run_at),
-        }
-
     @schema_checked
     def enqueue(
-        self,
+        self, /,
         workflow_or_name: Workflow[Any, Any] | str,
         *args: Any,
         queue: str | None = None,
@@ -201,17 +168,21 @@ class JobQueue(JobOperations):
         run_at: datetime | None = None,
         priority: int = 0,
         unique_key: str | None = None,
+        **keywords: Never,
     ) -> Job:
         """Add a job to the caller's transaction (flushed, not committed) and return it.
 
         Checkout takes higher ``priority`` first (then the earliest due). While an unfinished
         job holds ``unique_key``, that job is returned instead of a new one (race-free: a
         unique index decides). With ``parent_id``, a child that this parent already has (same
-        workflow and args) is returned instead of a second one, as ``spawn`` does."""
+        workflow and args) is returned instead of a second one, as ``spawn`` does. The
+        workflow's ``args`` are positional: a keyword that is not an option is refused."""
+        if keywords:
+            raise keywords_refused(f"{self._called_as}.enqueue", JobQueue.enqueue, keywords)
         self._checked_engine()  # a driver of ours (InvalidArgument) before anything is written
-        name, wf = _workflow_name(workflow_or_name)
+        name, wf = workflow_name(workflow_or_name)
         args_json = _validate.args_json(args)
-        opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
+        opts = job_options(wf, queue, max_attempts, timeout, version, tags, run_at)
         self.registry.check_args(wf or name, version, [args])  # where the function is here
         params = {
             "workflow": name, "args": args_json, "queue": opts["queue"],
@@ -273,7 +244,7 @@ class JobQueue(JobOperations):
 
     @schema_checked
     def enqueue_many(
-        self,
+        self, /,
         workflow_or_name: Workflow[Any, Any] | str,
         arg_lists: Iterable[Sequence[Any]],
         *,
@@ -284,15 +255,19 @@ class JobQueue(JobOperations):
         version: str | None = None,
         run_at: datetime | None = None,
         priority: int = 0,
+        **keywords: Never,
     ) -> list[int]:
         """Add one root job per args list in one statement; return their ids in order."""
+        if keywords:
+            raise keywords_refused(f"{self._called_as}.enqueue_many", JobQueue.enqueue_many,
+                                   keywords)
         self._checked_engine()  # a driver of ours (InvalidArgument) before anything is written
-        name, wf = _workflow_name(workflow_or_name)
+        name, wf = workflow_name(workflow_or_name)
         arg_lists = list(arg_lists)
         encoded, count = _validate.args_json_many(arg_lists)
         if not count:
             return []
-        opts = self._options(wf, queue, max_attempts, timeout, version, tags, run_at)
+        opts = job_options(wf, queue, max_attempts, timeout, version, tags, run_at)
         self.registry.check_args(wf or name, version, arg_lists, numbered=True)
         rows = self.session.execute(
             _session_sql.JOB_ENQUEUE_MANY,

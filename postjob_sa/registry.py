@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Never, ParamSpec, TypeVar, overload
 
 from postjob_sa import _validate
 from postjob_sa._backoff import Backoff
@@ -83,11 +83,17 @@ class Workflow(Generic[P, R]):
         timeout: float | None = None,
         max_attempts: int | None = None,
         queue: str | None = None,
+        **keywords: Never,
     ) -> ChildHandle:
-        """The child job of the running job for this workflow and these args.
+        """The child job of the running job for this workflow and these args (positional:
+        a keyword that is not an option is refused).
 
         Created on the parent's first run, found again on every re-run.
         """
+        if keywords:
+            from postjob_sa._enqueue_args import keywords_refused
+
+            raise keywords_refused("Workflow.spawn", Workflow.spawn, keywords)
         from postjob_sa.context import spawn_child
 
         return spawn_child(

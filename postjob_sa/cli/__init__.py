@@ -80,7 +80,8 @@ class LazyGroup(click.Group):
 @click.option(
     "--database-url", metavar="URL",
     help="postgresql://, postgresql+psycopg:// or postgresql+psycopg2:// URL, as the app "
-    "takes it. Default: $POSTJOB_DATABASE_URL, "
+    "takes it (an async app's postgresql+asyncpg:// one too: psycopg 3 connects). "
+    "Default: $POSTJOB_DATABASE_URL, "
     "else $DATABASE_URL, else the embedded server (pip install 'postjob_sa[embedded]').",
 )
 @click.option("-v", "--verbose", count=True, help="-v: one log line per job; -vv: debug.")

@@ -3,6 +3,7 @@ unredacted: everything printed goes through :func:`redact`."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -13,10 +14,13 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from postjob_sa._db import check_url
+from postjob_sa._sync_url import SYNC_DRIVERNAME, is_async_url, sync_url
 from postjob_sa.errors import InvalidArgument
 
 if TYPE_CHECKING:  # the ORM and the schema check load with the commands that use them
     from sqlalchemy.orm import Session
+
+log = logging.getLogger("postjob_sa.cli")
 
 _URL_PASSWORD = re.compile(r"(://[^:/@\s]*):[^@\s]*@")
 CONNECT_TIMEOUT = 5
@@ -24,11 +28,14 @@ CONNECT_TIMEOUT = 5
 
 def parse_url(raw: str) -> URL:
     """The URL as the application would take it: the same driver, whichever SQLAlchemy means by
-    a bare ``postgresql://`` (psycopg 3 from SQLAlchemy 2.1 on); another driver is refused."""
+    a bare ``postgresql://`` (psycopg 3 from SQLAlchemy 2.1 on); an async application's URL
+    (asyncpg, psycopg 3's async form) means the same database through psycopg 3, as
+    AsyncJobQueue's worker connects; another driver is refused."""
     try:
         url = make_url(raw)
     except (ArgumentError, ValueError):
         raise InvalidArgument(f"not a database URL: {redact_text(raw)!r}") from None
+    url = sync_url(url)
     check_url(url)
     return url
 
@@ -68,6 +75,10 @@ class App:
         if self._url is None:
             raw, self.source = self.raw_url()
             self._url = parse_url(raw)
+            if self.verbose and is_async_url(make_url(raw)):
+                log.info("%s is an async URL (%s): the CLI connects with psycopg 3 (%s://), as "
+                         "AsyncJobQueue's worker does", self.source, make_url(raw).drivername,
+                         SYNC_DRIVERNAME)
         return self._url
 
     def url_with_password(self) -> str:

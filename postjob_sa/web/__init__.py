@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from postjob_sa._db import check_driver, check_url
+from postjob_sa._sync_url import sync_url
 from postjob_sa.errors import InvalidArgument
 
 from .app import Dashboard
@@ -61,7 +62,7 @@ def create_app(
                               f"not {session_max_age!r}")
     if isinstance(bind, str):
         try:
-            url = make_url(bind)
+            url = sync_url(make_url(bind))  # an async app's URL: the same database, psycopg 3
         except (ArgumentError, ValueError):
             raise InvalidArgument("not a database URL (the password is not shown)") from None
         check_url(url)

@@ -70,9 +70,8 @@ def test_a_bare_postgresql_url_means_psycopg_3_on_sqlalchemy_2_1(db_url: URL) ->
     ("url", "named"),
     [
         ("mysql://u:hunter2@h/db", "mysql+mysqldb"),
-        ("postgresql+asyncpg://u:hunter2@h/db", "postgresql+asyncpg (asyncio)"),
+        ("postgresql+aiopg://u:hunter2@h/db", "postgresql+aiopg"),
         ("postgresql+pg8000://u:hunter2@h/db", "postgresql+pg8000"),
-        ("postgresql+psycopg_async://u:hunter2@h/db", "postgresql+psycopg (asyncio)"),
         ("postgres://u:hunter2@h/db", "postgres"),
         ("sqlite:///hunter2.db", "sqlite+pysqlite"),
     ],
@@ -135,7 +134,7 @@ def test_the_dashboard_on_another_driver_fails_at_once(sqlite: tuple[Engine, lis
     from postjob_sa.web import create_app
 
     eng, ran = sqlite
-    for bind in (eng, "postgresql+asyncpg://u:hunter2@h/db"):
+    for bind in (eng, "postgresql+pg8000://u:hunter2@h/db"):
         with pytest.raises(InvalidArgument) as refused:
             create_app(bind)
         assert "works with PostgreSQL through psycopg 3 or psycopg2" in str(refused.value)

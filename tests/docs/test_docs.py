@@ -368,7 +368,8 @@ def test_api_reference_lists_every_public_name() -> None:
     assert sorted(re.findall(r"^\s+- (\w+)$", steps, re.M)) == sorted(postjob_sa.migrations.__all__)
     from postjob_sa import testing
 
-    public = [n for n in ("run_jobs", "enqueued") if callable(getattr(testing, n, None))]
+    public = [n for n in ("run_jobs", "enqueued", "run_jobs_async", "enqueued_async")
+              if callable(getattr(testing, n, None))]
     assert sorted(re.findall(r"^\s+- (\w+)$", helpers, re.M)) == sorted(public)
 
 
