@@ -26,8 +26,8 @@ if TYPE_CHECKING:
         migrate,
     )
     from postjob_sa.async_queue import AsyncJobQueue
+    from postjob_sa.children import ChildHandle
     from postjob_sa.context import (
-        ChildHandle,
         RunningJob,
         current_job,
         current_session,
@@ -70,7 +70,7 @@ _HOMES = {
     "migrate": "_migrations",
     "AsyncJobQueue": "async_queue",
     "HistoryRange": "_history", "HistorySettings": "_history", "RotationReport": "_history",
-    "ChildHandle": "context", "RunningJob": "context", "current_job": "context",
+    "ChildHandle": "children", "RunningJob": "context", "current_job": "context",
     "current_session": "context", "manual": "context", "set_workflow_status": "context",
     "set_workflow_status_async": "context",
     "sleep": "durable", "sleep_async": "durable", "sleep_until": "durable",

@@ -10,31 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from postjob_sa import _sql, _validate
 from postjob_sa._db import sqlstate
-from postjob_sa.errors import LEASE_LOST_STATE, ChildFailed, JobCancelled, LeaseLost, NotInJob
-from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, Status
-
-_ChildKey = tuple[str, str]  # (workflow, canonical JSON of args)
-
-
-class Pending(BaseException):
-    """Unwinds a workflow that waits (not an error: the job sleeps): for an unfinished child
-    (``child_id``), or for a time or an event (``wake_in``: the seconds until it runs again
-    whatever else wakes it; None: until it is woken).
-
-    A BaseException, so ``except Exception`` in workflow code does not swallow it.
-    """
-
-    def __init__(self, child_id: int | None, wake_in: float | None = None):
-        super().__init__(child_id)
-        self.child_id = child_id
-        self.wake_in = wake_in
+from postjob_sa.children import ChildHandle, _ChildKey, _ChildSpec
+from postjob_sa.errors import LEASE_LOST_STATE, JobCancelled, LeaseLost, NotInJob
+from postjob_sa.models import MANUAL_WORKFLOW, Status
 
 
 class RunningJob(NamedTuple):
@@ -52,120 +37,6 @@ class RunningJob(NamedTuple):
     parent_id: int | None
     attempt: int = 1
     max_attempts: int = 5
-
-
-@dataclass
-class _ChildSpec:
-    workflow: str
-    args_json: str
-    queue: str
-    max_attempts: int
-    timeout: float | None
-
-
-@dataclass(eq=False)
-class ChildHandle:
-    """A child job as the running parent sees it in this run.
-
-    In an ``async def`` workflow, ``await handle`` gives the result (``result()`` would block
-    the event loop for a round trip), and ``await handle.token_async()`` the token;
-    ``await asyncio.gather(*handles)`` gives them all. Two handles are equal when they name
-    the same child in the same run (spawned with the same workflow and args); handles can be
-    put in sets and used as keys.
-    """
-
-    _ctx: _RunContext
-    _key: _ChildKey
-    _row: dict[str, Any] | None = None
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ChildHandle):
-            return NotImplemented
-        return self._ctx is other._ctx and self._key == other._key
-
-    def __hash__(self) -> int:  # what the row read in this run says is no part of it
-        return hash((id(self._ctx), self._key))
-
-    def _in_run(self) -> None:
-        """Refuse use outside the run that made this handle (NotInJob, not the internal
-        Pending a wait would raise there)."""
-        if _current.get() is not self._ctx:
-            raise NotInJob(
-                f"this handle of a child of job {self._ctx.job.id} is used outside the run that "
-                "spawned it: use it inside that workflow, while it runs"
-            )
-
-    def _loaded(self) -> dict[str, Any]:
-        self._in_run()
-        if self._row is None:
-            self._row = self._ctx.child(self._key)
-        return self._row
-
-    async def _loaded_async(self) -> dict[str, Any]:
-        self._in_run()
-        if self._row is None:
-            self._row = await self._ctx.child_async(self._key)
-        return self._row
-
-    @property
-    def id(self) -> int:
-        return int(self._loaded()["id"])
-
-    @property
-    def status(self) -> Status:
-        """The child's status as read in this run."""
-        return Status(self._loaded()["status"])
-
-    @property
-    def token(self) -> str:
-        """The token that finishes this manual job (``JobQueue.resolve``)."""
-        row = self._loaded()
-        if "token" not in row:  # created on first use, then remembered for this run
-            row["token"] = str(self._ctx.query(_sql.MANUAL_TOKEN, self._token_params(row))[0]["token"])
-        return str(row["token"])
-
-    async def token_async(self) -> str:
-        """The token, from an ``async def`` workflow."""
-        row = await self._loaded_async()
-        if "token" not in row:
-            rows = await self._ctx.query_async(_sql.MANUAL_TOKEN, self._token_params(row))
-            row["token"] = str(rows[0]["token"])
-        return str(row["token"])
-
-    @staticmethod
-    def _token_params(row: dict[str, Any]) -> dict[str, Any]:
-        if row["workflow"] != MANUAL_WORKFLOW:
-            raise NotInJob(f"job {row['id']} is not a manual job and has no token")
-        return {"job_id": row["id"]}
-
-    def result(self) -> Any:
-        """The child's result; raises ChildFailed if it failed, timed out or was cancelled;
-        otherwise the parent sleeps until the child ends and then re-runs from the top. Outside
-        the run that spawned the child it raises NotInJob; once the parent is cancelled,
-        JobCancelled."""
-        self._in_run()
-        self._ctx.check_held()
-        return _result_of(self._loaded())
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        """``await handle``: the result, as :meth:`result` gives it, without blocking the loop."""
-        return self._result_async().__await__()
-
-    async def _result_async(self) -> Any:
-        self._in_run()
-        await self._ctx.check_held_async()
-        return _result_of(await self._loaded_async())
-
-
-def _result_of(row: dict[str, Any]) -> Any:
-    status = Status(row["status"])
-    if status is Status.ok:
-        results = row["results"]
-        return results[0] if isinstance(results, list) and results else None
-    if status in FINAL_STATUSES:
-        raise ChildFailed(row["id"], status.value, row["error"], row["error_message"])
-    raise Pending(int(row["id"]))
-
 
 class _Db(Protocol):
     """What the job context needs of a connection (see postjob_sa._db.Conn)."""
@@ -204,6 +75,10 @@ class _RunContext:
     #: the trace context to store on the job before the run's first spawn (JSON; see
     #: postjob_sa._tracing), so that its children inherit this run's span
     trace_for_children: str | None = None
+
+    def is_current(self) -> bool:
+        """Whether this run is the one the running code is in (its handles work only there)."""
+        return _current.get() is self
 
     # -- whether the run still holds its job ---------------------------------------------------
 

@@ -21,7 +21,7 @@ from postjob_sa.errors import InvalidArgument
 from postjob_sa.models import MANUAL_WORKFLOW
 
 if TYPE_CHECKING:
-    from postjob_sa.context import ChildHandle
+    from postjob_sa.children import ChildHandle
 
 P = ParamSpec("P")
 R = TypeVar("R")

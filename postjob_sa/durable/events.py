@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from postjob_sa import _sql, _validate
-from postjob_sa.context import Pending, _RunContext
+from postjob_sa._pending import Pending
+from postjob_sa.context import _RunContext
 from postjob_sa.durable import memo as _memo
 from postjob_sa.durable.memo import EVENT, Memo, Stored, log
 from postjob_sa.errors import EventTimeout, InvalidArgument

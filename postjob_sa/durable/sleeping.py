@@ -9,7 +9,7 @@ import math
 from datetime import datetime
 
 from postjob_sa import _validate
-from postjob_sa.context import Pending
+from postjob_sa._pending import Pending
 from postjob_sa.durable import memo as _memo
 from postjob_sa.durable.memo import SLEEP, Stored
 from postjob_sa.errors import InvalidArgument

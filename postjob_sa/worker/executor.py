@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from postjob_sa import _backoff, _json, _sql, _tracing
-from postjob_sa.context import Pending, _RunContext, enter, leave
+from postjob_sa._pending import Pending
+from postjob_sa.context import _RunContext, enter, leave
 from postjob_sa.errors import (
     ArgumentMismatch,
     JobCancelled,
