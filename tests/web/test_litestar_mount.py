@@ -84,3 +84,26 @@ def test_every_link_form_and_asset_starts_with_the_mount_and_resolves(
     assert urlsplit(response.headers["location"]).path == f"{MOUNT}/jobs/{seeded.failed}"
     assert browser.get(response.headers["location"]).status_code == 200
     assert browser.get("/").text == "the app's own pages"
+
+
+def test_a_mount_path_the_host_already_names_is_not_added_twice(engine: Engine, clean: None) -> None:
+    """Starlette puts the mount in root_path: a mount_path given there too changes nothing."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from postjob_sa.web import as_asgi, create_app
+
+    app = FastAPI()
+    app.mount(MOUNT, as_asgi(create_app(engine), mount_path=MOUNT + "/"))
+    with TestClient(app) as client:
+        page = client.get(MOUNT + "/jobs").text
+    assert f'href="{MOUNT}/static/dashboard.css' in page and MOUNT + MOUNT not in page
+
+
+@pytest.mark.parametrize("bad", ["admin/jobs", "/admin/jobs?x=1", "/a//b", "/a b", 7])
+def test_a_mount_path_that_is_not_a_path_is_refused(bad: object) -> None:
+    from postjob_sa import InvalidArgument
+    from postjob_sa.web import as_asgi
+
+    with pytest.raises(InvalidArgument, match="mount_path"):
+        as_asgi(lambda e, s: [], mount_path=bad)  # type: ignore[arg-type]
