@@ -67,7 +67,7 @@ def test_ps_full_fits_100_columns_one_line_per_job(db_url: URL, jobs: dict[str, 
     root, ok, failed = lines[2:]
     assert root.startswith(f"{jobs['root']} ") and "_for_all_customers" in root, root
     assert "ready (no worker)" in root and " 0/5 " in root
-    assert f"└ {jobs['ok']} " in ok and "_for_enterprise_customer" in ok and '{"invoice":' in ok
+    assert f"└ {jobs['ok']} " in ok and "for_enterprise_customer" in ok and '{"lines":[1,2' in ok
     assert "failed" in failed and " 0/5 " in failed
     start = lines[0].index("result")
     shown = failed[start:].rsplit(None, 1)[0].strip()  # the result cell, the age after it
@@ -91,7 +91,7 @@ def test_schedules_fit_100_columns_one_line_per_schedule(db_url: URL, jobs: dict
         assert column in header, (column, header)
     assert len(lines) == 2 + 2, "\n" + res.stdout
     interval, nightly = sorted(lines[2:], key=lambda line: "every" in line, reverse=True)
-    assert "_for_enterprise_customer" in interval and "every 1m30s" in interval and "skip" in interval
+    assert "for_enterprise_customer" in interval and "every 1m30s" in interval and "skip" in interval
     assert "of_everything" in nightly and "15 3 * * *" in nightly and "Buenos_Aires" in nightly
-    assert "run latest" in nightly and f" {jobs['ok']} " in nightly and " ok " in nightly
+    assert " latest " in nightly and f" {jobs['ok']} " in nightly and " ok " in nightly
     assert res.stderr == ""
