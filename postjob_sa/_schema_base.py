@@ -37,6 +37,7 @@ FINAL_STATUSES = frozenset({Status.ok, Status.failed, Status.timeout, Status.can
 #: taken in; a job ended from outside while it ran has its final status there).
 WAITING_STATUSES = frozenset({Status.ready, Status.err, Status.sleep})
 
+#: The tables of the ``postjob`` schema (``Base.metadata``), for a host's Alembic env.py.
 metadata = MetaData(schema=SCHEMA)
 
 

@@ -12,13 +12,15 @@ from datetime import datetime
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 from postjob_sa.durable import view as durable_view
 from postjob_sa.models import MANUAL_WORKFLOW, Job
 from postjob_sa.worker.unknown import Served
+
+from ._widths import GAP, cut_left, cut_words, fit
 
 STATUS_STYLES = {
     "ok": "green", "failed": "bold red", "timeout": "red", "err": "yellow",
@@ -135,25 +137,9 @@ _WORKFLOW_MIN = 24
 
 
 def _fit(natural: dict[str, int], width: int) -> dict[str, int]:
-    """Column widths for a table of this total width: fixed columns at their natural width,
-    the rest share what is left, the narrow ones first (water-filling), the workflow column
-    never under its floor."""
-    widths = {n: w for n, w in natural.items() if n not in _FLEXIBLE}
-    left = width - sum(widths.values()) - 3 * (len(natural) - 1)  # padding and rule
-    flexible = sorted((n for n in natural if n in _FLEXIBLE), key=lambda n: natural[n])
-    floor = {n: min(natural[n], _WORKFLOW_MIN) if n == "workflow" else 0 for n in flexible}
-    left -= sum(floor.values())  # reserved: the narrower columns cannot take it
-    for i, name in enumerate(flexible):
-        left += floor[name]
-        share = max(left // (len(flexible) - i), 4)
-        widths[name] = min(natural[name], _FLEXIBLE[name], max(share, floor[name]))
-        left -= widths[name]
-    return widths
-
-
-def cut_left(text: str, width: int) -> str:
-    """``text`` in ``width`` characters, its beginning given up ("…orders.send_invoice")."""
-    return text if len(text) <= width else "…" + text[len(text) - width + 1:]
+    """Column widths of a ps table of this total width (the workflow column never under
+    its floor)."""
+    return fit(natural, width, _FLEXIBLE, {"workflow": _WORKFLOW_MIN})
 
 
 def ps_table(rows: list[dict[str, Any]], *, width: int, full_id: bool = False,
@@ -262,33 +248,131 @@ def show_table(fields: dict[str, Any]) -> Table:
     return table
 
 
-def tree_table(tree: list[dict[str, Any]], served: Served | None = None) -> Table:
-    """One job tree, children indented under their parents."""
+#: Most of a job's args a tree shows, and the least worth showing beside its workflow.
+_ARGS_MAX, _ARGS_MIN = 40, 8
+#: How wide a tree's results may grow before its args are shown.
+_RESULT_CAP = 40
+
+
+def _tree_label(indent: str, job_id: int, workflow: str, args: str, width: int) -> Text:
+    """A tree's job cell in ``width``: indentation and id, the workflow (its end kept),
+    then as much of the args as fits."""
+    label = Text(indent)
+    label.append(f"{job_id} ", style="bold")
+    used = len(label.plain)
+    name = cut_left(workflow, width - used)
+    label.append(name)
+    room = width - used - len(name) - 1
+    if args and room >= _ARGS_MIN:
+        label.append(" " + cut_words(args, min(room, _ARGS_MAX)), style="dim")
+    return label
+
+
+def _tree_widths(rows: list[tuple[str, int, dict[str, str], str]], width: int) -> dict[str, int]:
+    """The columns of a tree in ``width``: status, attempts and age whole; the job column
+    and the results share the rest (the workflows never under their floor), then the args
+    and the rest of long results take what remains."""
+    widths = {name: len(HEADERS.get(name, name)) for name in _TREE_COLUMNS}
+    core = with_args = widths["job"]
+    for indent, job_id, fields, args in rows:
+        named = len(f"{indent}{job_id} ") + len(fields["workflow"])
+        core = max(core, named)
+        with_args = max(with_args, named + (1 + min(len(args), _ARGS_MAX) if args else 0))
+        for name in _TREE_COLUMNS[1:]:
+            widths[name] = max(widths[name], len(fields[name]))
+    floor = max(len(f"{i}{j} ") + min(len(f["workflow"]), _WORKFLOW_MIN) for i, j, f, _ in rows)
+    left = width - sum(widths[n] for n in ("status", "attempts", "age")) - GAP * 4
+    result = widths["result"]
+    widths["job"] = min(core, max(floor, left // 2, left - result))
+    widths["result"] = max(min(result, _RESULT_CAP, left - widths["job"]), min(result, 4))
+    widths["job"] = max(widths["job"], min(with_args, left - widths["result"]))
+    widths["result"] = max(widths["result"], min(result, left - widths["job"]))
+    return widths
+
+
+_TREE_COLUMNS = ("job", "status", "attempts", "result", "age")
+
+
+def tree_table(tree: list[dict[str, Any]], served: Served | None = None,
+               width: int = 120) -> Table:
+    """One job tree, children indented under their parents, one line per job in ``width``:
+    the workflow keeps its end, args and result give way first (cut between words)."""
     base = len(str(tree[0]["full_id"]).split("."))
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
-    for name in ("job", "status", "attempts", "result", "age"):
-        table.add_column(HEADERS.get(name, name), no_wrap=name != "result",
-                         overflow="fold" if name == "result" else "ellipsis",
-                         justify="right" if name in ("attempts", "age") else "left")
+    rows = []
     for row in tree:
         depth = len(str(row["full_id"]).split(".")) - base
-        fields = ps_fields(row, full_id=True, served=served)
-        label = Text("  " * depth + ("└ " if depth else ""))
-        label.append(f"{row['id']} ", style="bold")
-        label.append(fields["workflow"])
-        if row["args"]:
-            args = compact_json(row["args"])
-            label.append(" " + (args if len(args) <= 40 else args[:39] + "…"), style="dim")
+        indent = "  " * depth + ("└ " if depth else "")
+        args = compact_json(row["args"]) if row["args"] else ""
+        rows.append((indent, int(row["id"]), ps_fields(row, full_id=True, served=served), args))
+    widths = _tree_widths(rows, width)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for name in _TREE_COLUMNS:
+        table.add_column(HEADERS.get(name, name), no_wrap=True, overflow="ellipsis",
+                         width=widths[name], min_width=widths[name],
+                         justify="right" if name in ("attempts", "age") else "left")
+    for indent, job_id, fields, args in rows:
         table.add_row(
-            label, Text(fields["status"], style=_status_style(fields["status"])),
-            fields["attempts"], fields["result"], fields["age"],
+            _tree_label(indent, job_id, fields["workflow"], args, widths["job"]),
+            Text(fields["status"], style=_status_style(fields["status"])),
+            fields["attempts"], cut_words(fields["result"], widths["result"]), fields["age"],
         )
     return table
 
 
-def trees(all_trees: list[list[dict[str, Any]]], served: Served | None = None) -> Group:
-    parts: list[RenderableType] = [tree_table(t, served) for t in all_trees]
-    note = served and no_worker_note([r for t in all_trees for r in t], served)
-    if note:
-        parts.append(Text(note, style="yellow"))
-    return Group(*parts)
+def trees(all_trees: list[list[dict[str, Any]]], served: Served | None = None,
+          width: int = 120) -> Group:
+    """The trees, one after the other (the note about jobs no worker runs is ps's to print)."""
+    return Group(*[tree_table(t, served, width) for t in all_trees])
+
+
+_SCHEDULE_COLUMNS = ("workflow", "schedule", "missed", "last run", "job", "status", "next run")
+#: A schedule's workflow keeps at least this much (its schedule needs room too).
+_SCHEDULE_WORKFLOW_MIN = 20
+
+
+def _schedule_fields(row: dict[str, Any], now: datetime) -> dict[str, str]:
+    last = _seconds_between(now, row["last_run_at"])
+    upcoming = _seconds_between(row["next_tick_at"], now)
+    return {
+        "workflow": row["name"],
+        "schedule": (f"every {duration(row['every'])}" if row["every"] is not None
+                     else f"{row['cron']} {row['timezone']}"),
+        "missed": "skip" if row["skip_missed"] else "latest",
+        "last run": "" if last is None else f"{duration(last)} ago",
+        "job": "" if row["last_job_id"] is None else str(row["last_job_id"]),
+        "status": row["last_status"] or "",
+        "next run": ("" if upcoming is None else f"in {duration(upcoming)}" if upcoming >= 0
+                     else f"overdue {duration(-upcoming)}"),
+    }
+
+
+def _cut_schedule(row: dict[str, Any], shown: str, width: int) -> str:
+    """A cron schedule keeps its expression; its time zone keeps its end."""
+    if len(shown) <= width or row["every"] is not None:
+        return cut_words(shown, width)
+    cron = str(row["cron"])
+    return cut_words(cron, width) if len(cron) + 2 > width else (
+        cron + " " + cut_left(str(row["timezone"]), width - len(cron) - 1))
+
+
+def schedules_table(rows: list[dict[str, Any]], now: datetime, width: int) -> Table:
+    """The periodic workflows, one line each in ``width``: the last and next runs relative
+    to the database's ``now``; the workflow keeps its end, a time zone too."""
+    all_fields = [_schedule_fields(r, now) for r in rows]
+    natural = {n: max([len(n), *(len(f[n]) for f in all_fields)]) for n in _SCHEDULE_COLUMNS}
+    floors = {"workflow": _SCHEDULE_WORKFLOW_MIN,  # a cron keeps its expression and its zone's city
+              "schedule": max(len(f["schedule"]) if r["every"] is not None else
+                              len(f"{r['cron']} …{str(r['timezone']).rsplit('/', 1)[-1]}")
+                              for r, f in zip(rows, all_fields, strict=True))}
+    widths = fit(natural, width, {"workflow": natural["workflow"],
+                                  "schedule": natural["schedule"]}, floors)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for name in _SCHEDULE_COLUMNS:
+        table.add_column(name, no_wrap=True, overflow="ellipsis", width=widths[name],
+                         min_width=widths[name], justify="right" if name == "job" else "left")
+    for row, fields in zip(rows, all_fields, strict=True):
+        fields["workflow"] = cut_left(fields["workflow"], widths["workflow"])
+        fields["schedule"] = _cut_schedule(row, fields["schedule"], widths["schedule"])
+        table.add_row(*[Text(fields[n], style=STATUS_STYLES.get(fields[n], "") if n == "status"
+                             else "") for n in _SCHEDULE_COLUMNS])
+    return table

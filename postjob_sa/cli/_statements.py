@@ -65,6 +65,9 @@ MANUAL_TOKENS_OF_TREE = text(
 )
 
 #: The cut-off of a prune, on the server's clock, fixed once for all its batches.
+#: The database's clock (the schedules' last and next runs are shown relative to it).
+DB_NOW = text("SELECT now()")
+
 PRUNE_CUTOFF = text("SELECT now() - make_interval(secs => :seconds)")
 
 # The prunable roots: finished root jobs last changed before the cut-off whose whole tree is

@@ -79,34 +79,33 @@ def job_enqueue(
     """Enqueue a root job of WORKFLOW; each ARG is JSON (quote strings: '"text"').
     Prints the new job's id.
 
-    Without --import, the defaults of the workflow's @postjob_sa.workflow(...) are not
-    known: the job gets the options given here, else queue q, 5 attempts and no timeout
-    (a note on stderr says which)."""
+    Without --import, the options of the workflow's @postjob_sa.workflow(...) are not
+    known: the job gets the options given here, else the table's defaults, queue q, 5
+    attempts and no timeout (a warning on stderr says which)."""
     _refuse_unknown_options(args)
     values = [_parse.json_value(a, f"argument {i}") for i, a in enumerate(args, 1)]
     parsed_tags = _parse.tags(tags)
     seconds = _parse.duration(timeout, "timeout") if timeout is not None else None
     when = _parse.timestamp(run_at) if run_at is not None else None
-    target: Workflow[Any, Any] | str = workflow
     if modules:
         import_modules(modules)
-        found = default_registry.get(workflow)
-        if found is None:
-            raise InvalidArgument(f"no workflow named {workflow!r} in {', '.join(modules)}")
-        target = found
+    # imported here (--import, or by a host that calls the CLI in its own process)
+    found: Workflow[Any, Any] | None = default_registry.get(workflow)
+    if modules and found is None:
+        raise InvalidArgument(f"no workflow named {workflow!r} in {', '.join(modules)}")
     with app.session() as session:
         new = JobQueue(session).enqueue(
-            target, *values, queue=queue, tags=parsed_tags, max_attempts=max_attempts,
+            found or workflow, *values, queue=queue, tags=parsed_tags, max_attempts=max_attempts,
             timeout=seconds, version=version, run_at=when, priority=priority,
             unique_key=unique_key,
         )
         session.commit()
         click.echo(new.id)
-        live = served(session.connection()) if not modules else None
+        live = served(session.connection()) if found is None else None
+    if found is None:
+        _warn_defaults(workflow, queue, max_attempts, seconds)
     if live is not None and workflow not in live.workflows:
         _note_unknown(workflow, live)
-    if not modules:
-        _note_defaults(workflow, queue, max_attempts, seconds)
 
 
 def _note_unknown(workflow: str, live: Served) -> None:
@@ -120,16 +119,18 @@ def _note_unknown(workflow: str, live: Served) -> None:
                "starts (postjob run --import MODULE)", err=True)
 
 
-def _note_defaults(workflow: str, queue: str | None, max_attempts: int | None,
+def _warn_defaults(workflow: str, queue: str | None, max_attempts: int | None,
                    timeout: float | None) -> None:
-    """Say which of the job's settings come from the table, not from the workflow."""
+    """Say, in one line, which of the job's settings are the table's defaults: the workflow's
+    own options are not known where its module is not imported."""
     assumed = [f"queue {DEFAULT_QUEUE!r}" if queue is None else "",
                f"max_attempts {DEFAULT_MAX_ATTEMPTS}" if max_attempts is None else "",
                "no timeout" if timeout is None else ""]
     if any(assumed):
-        click.echo(f"postjob: note: {workflow} was not imported (--import MODULE), so its "
-                   f"@postjob_sa.workflow defaults do not apply: the job has "
-                   f"{', '.join(a for a in assumed if a)}", err=True)
+        click.echo(f"postjob: warning: {workflow} is not imported here, so the job has the "
+                   f"table's defaults, not its @postjob_sa.workflow options: "
+                   f"{', '.join(a for a in assumed if a)} (--import MODULE uses the workflow's "
+                   "own)", err=True)
 
 
 @job.command("reset")

@@ -61,13 +61,25 @@ def _warnings(tables: list[str]) -> list[RenderableType]:
     return [Text(f"warning: {line}", style="yellow") for line in tables]
 
 
+def _warn(lines: list[str | None]) -> None:
+    """Warnings about what a table shows: on stderr, each a line of its own, after the table
+    (what scripts read of stdout stays the table)."""
+    shown = [line for line in lines if line]
+    if shown:
+        sys.stdout.flush()
+        err = _render.console(stderr=True)
+        for line in shown:
+            err.print(Text(line, style="yellow"), soft_wrap=True)
+
+
 def _view(listing: _query.Listing, full_id: bool, limit: int, width: int,
-          workers: Served) -> RenderableType:
+          workers: Served, notes: bool = True) -> RenderableType:
+    """The table; with ``notes`` (ps top's screen) the note about jobs no worker runs too."""
     parts: list[RenderableType] = []
     if listing.rows:
         parts.append(_render.ps_table(listing.rows, full_id=full_id, width=width, served=workers))
         note = _render.no_worker_note(listing.rows, workers)
-        if note:
+        if note and notes:
             parts.append(Text(note, style="yellow"))
     else:
         parts.append(Text("no jobs", style="dim"))
@@ -96,9 +108,9 @@ def ps_list(app: App, ids: tuple[str, ...], tags: str | None, statuses: str | No
                             "more": listing.more, "warnings": tables})
         return
     console = _render.console()
-    console.print(_view(listing, with_ids, limit, console.width, workers))
-    if tables:  # on stderr: what scripts read of stdout stays the table
-        _render.console(stderr=True).print(Group(*_warnings(tables)))
+    console.print(_view(listing, with_ids, limit, console.width, workers, notes=False))
+    _warn([_render.no_worker_note(listing.rows, workers) if listing.rows else None,
+           *(f"warning: {line}" for line in tables)])
 
 
 @contextlib.contextmanager
@@ -238,4 +250,6 @@ def ps_full(app: App, ids: tuple[str, ...], as_json: bool) -> None:
     if as_json:
         _render.print_json([[_render.ps_json(r, workers) for r in tree] for tree in found])
         return
-    _render.console().print(_render.trees(found, workers))
+    console = _render.console()
+    console.print(_render.trees(found, workers, console.width))
+    _warn([_render.no_worker_note([r for tree in found for r in tree], workers)])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import click
@@ -15,6 +14,7 @@ from postjob_sa.queue import JobQueue
 
 from . import _parse, _render
 from ._env import App
+from ._statements import DB_NOW
 
 
 @click.group()
@@ -75,24 +75,16 @@ def schedules(app: App, as_json: bool) -> None:
     """The periodic workflows the workers registered: schedule, last run and next run."""
     with app.session() as session:
         rows = [dict(r) for r in session.execute(_session_sql.SCHEDULES_LIST).mappings()]
+        now = session.execute(DB_NOW).scalar_one()
     if as_json:
         _render.print_json(rows)
         return
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for col in ("workflow", "schedule", "missed", "last run", "job", "status", "next run"):
-        table.add_column(col, no_wrap=True)
-    for r in rows:
-        when = (f"every {_render.duration(r['every'])}" if r["every"] is not None
-                else f"{r['cron']} {r['timezone']}")
-        table.add_row(r["name"], when, "skip" if r["skip_missed"] else "run latest",
-                      _when(r["last_run_at"]), _text(r["last_job_id"]), r["last_status"] or "",
-                      _when(r["next_tick_at"]))
-    _render.console().print(table if rows else "no schedules (no worker has registered one)")
+    console = _render.console()
+    if not rows:
+        console.print("no schedules (no worker has registered one)")
+        return
+    console.print(_render.schedules_table(rows, now, console.width))
 
 
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
-
-
-def _when(value: datetime | None) -> str:
-    return "" if value is None else value.isoformat(sep=" ", timespec="seconds")

@@ -16,6 +16,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         f"the dashboard needs the web extra: pip install 'postjob_sa[web]' ({exc})"
     ) from exc
 
+from collections.abc import Callable
+from typing import Any
+
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -27,6 +30,7 @@ from postjob_sa.errors import InvalidArgument
 from .app import Dashboard
 from .asgi import as_asgi
 from .auth import SESSION_MAX_AGE, Guard
+from .redaction import checked
 from .views import Settings
 
 __all__ = ["Dashboard", "as_asgi", "create_app"]
@@ -40,6 +44,8 @@ def create_app(
     refresh: float = 2.0,
     stuck_after: float = 60.0,
     session_max_age: float = SESSION_MAX_AGE,
+    show_args: bool = True,
+    redact: Callable[[Any], Any] | None = None,
 ) -> Dashboard:
     """The dashboard on ``bind`` (an Engine, or a database URL), as a WSGI application.
 
@@ -50,6 +56,10 @@ def create_app(
     ``stuck_after`` is how long a due job may wait before the overview lists it among the
     jobs no running worker runs; ``session_max_age`` how long a login at ``/login`` lasts, in
     seconds (12 hours).
+
+    Job args and results are stored in clear and shown in clear. ``show_args=False`` shows
+    none of them (args, results, durable steps' results, manual steps' labels); ``redact``
+    is called with each such value and returns what to show (a redact that raises hides it).
     """
     if token is not None and (not isinstance(token, str) or len(token) < 8):
         raise InvalidArgument("the dashboard's token must be a string of at least 8 characters")
@@ -60,6 +70,10 @@ def create_app(
             or not 60 <= session_max_age <= 366 * 86400):
         raise InvalidArgument("session_max_age must be a number of seconds from 60 to a year, "
                               f"not {session_max_age!r}")
+    try:
+        redaction = checked(show_args, redact)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
     if isinstance(bind, str):
         try:
             url = sync_url(make_url(bind))  # an async app's URL: the same database, psycopg 3
@@ -73,5 +87,5 @@ def create_app(
     return Dashboard(
         engine, Guard(token=token, read_only=bool(read_only),
                       session_max_age=float(session_max_age)),
-        Settings(refresh=float(refresh), stuck_after=float(stuck_after)),
+        Settings(refresh=float(refresh), stuck_after=float(stuck_after), redaction=redaction),
     )

@@ -172,7 +172,7 @@ class Dashboard:
         return self._screen(request, urls, views.jobs, request.args, self.settings)
 
     def on_job(self, request: Request, urls: MapAdapter, job_id: int) -> Response:
-        return self._screen(request, urls, views.job, job_id)
+        return self._screen(request, urls, views.job, job_id, self.settings)
 
     def on_schedules(self, request: Request, urls: MapAdapter) -> Response:
         return self._screen(request, urls, views.schedules)

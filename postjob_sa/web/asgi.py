@@ -1,7 +1,11 @@
 """A small WSGI-to-ASGI adapter, so an ASGI host (FastAPI, Starlette) can mount the dashboard:
 ``app.mount("/jobs", postjob_sa.web.as_asgi(dashboard))``. Each request's body is read
 whole (up to a limit), the WSGI app runs in a worker thread, and its response is sent in one
-piece: every dashboard response is small and finite."""
+piece: every dashboard response is small and finite.
+
+Where the dashboard is mounted reaches WSGI as ``SCRIPT_NAME``, which every link is built
+from. Starlette says it in ``root_path``; a host that strips the mount from the path and says
+nothing (Litestar) needs ``mount_path``."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import io
 import sys
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
+
+from postjob_sa.errors import InvalidArgument
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -20,11 +26,30 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 MAX_BODY = 1 << 20  # a dashboard form is a few hundred bytes
 
 
-def _environ(scope: Scope, body: bytes) -> dict[str, Any]:
+def _mount(mount_path: str | None) -> str:
+    """The mount path as SCRIPT_NAME spells it: ``/admin/jobs``, ``""`` for the root."""
+    if mount_path is None:
+        return ""
+    if (not isinstance(mount_path, str) or not mount_path.startswith("/")
+            or any(c in mount_path for c in "?#%\\ ") or "//" in mount_path):
+        raise InvalidArgument(f"mount_path must be a path such as '/admin/jobs', not {mount_path!r}")
+    return mount_path.rstrip("/")
+
+
+def _split(scope: Scope, mount: str) -> tuple[str, str]:
+    """SCRIPT_NAME and PATH_INFO of an ASGI request."""
     root = scope.get("root_path", "")
     path = scope["path"]
-    if root and path.startswith(root):  # ASGI 3: path includes root_path
-        path = path[len(root):]
+    # a host that names the mount in root_path (Starlette) has said it already
+    script = root if not mount or root.endswith(mount) else root + mount
+    for prefix in (script, root):  # ASGI 3: path includes root_path
+        if prefix and (path == prefix or path.startswith(prefix + "/")):
+            return script, path[len(prefix):]
+    return script, path
+
+
+def _environ(scope: Scope, body: bytes, mount: str = "") -> dict[str, Any]:
+    root, path = _split(scope, mount)
     server = scope.get("server") or ("localhost", 80)
     client = scope.get("client") or ("", 0)
     environ: dict[str, Any] = {
@@ -78,8 +103,15 @@ def _call(app: WSGIApp, environ: dict[str, Any]) -> tuple[int, list[tuple[bytes,
     )
 
 
-def as_asgi(app: WSGIApp, *, max_body: int = MAX_BODY) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-    """The WSGI ``app`` as an ASGI application (HTTP only; it ignores lifespan events)."""
+def as_asgi(app: WSGIApp, *, mount_path: str | None = None,
+            max_body: int = MAX_BODY) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """The WSGI ``app`` as an ASGI application (HTTP only; it ignores lifespan events).
+
+    ``mount_path`` is where the host mounts it, for a host that strips it from the request's
+    path without adding it to ``root_path`` (Litestar's ``asgi(path, is_mount=True)``): every
+    link, form and asset of the dashboard then starts with it. Starlette and FastAPI need none.
+    """
+    mount = _mount(mount_path)
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -107,7 +139,7 @@ def as_asgi(app: WSGIApp, *, max_body: int = MAX_BODY) -> Callable[[Scope, Recei
             chunks.append(chunk)
             more = message.get("more_body", False)
         loop = asyncio.get_running_loop()
-        status, headers, body = await loop.run_in_executor(None, _call, app, _environ(scope, b"".join(chunks)))
+        status, headers, body = await loop.run_in_executor(None, _call, app, _environ(scope, b"".join(chunks), mount))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

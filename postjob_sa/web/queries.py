@@ -145,12 +145,14 @@ JOBS_STRANDED = text(
 
 # -- jobs list -------------------------------------------------------------------------------
 
-#: One page of jobs, newest first, below the cursor :before and at or above :floor.
+#: One page of jobs, newest first, below the cursor :before and at or above :floor; the
+#: start of each job's args, or (:whole) all of them, for the dashboard's redact to see.
 JOBS_PAGE = text(
     "SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
     "j.workflow, j.workflow_version, j.status::text AS status, j.next_run_at, "
     "j.failed_attempts, j.max_attempts, j.error, j.error_message, j.workflow_status, j.tags, "
-    "left(j.args::text, 160) AS args_text FROM postjob.jobs j "
+    "CASE WHEN :whole THEN j.args::text ELSE left(j.args::text, 160) END AS args_text "
+    "FROM postjob.jobs j "
     "WHERE j.id < :before AND j.id >= :floor "
     "AND (CAST(:statuses AS postjob.statuses[]) IS NULL "
     "     OR j.status = ANY(CAST(:statuses AS postjob.statuses[]))) "
@@ -179,11 +181,14 @@ JOB_BY_ID = text(
     "FROM postjob.jobs j LEFT JOIN postjob.tokens t ON t.postjob_id = j.id WHERE j.id = :id"
 )
 
-#: A whole tree: the root by its primary key, its descendants by postjobs_tree_idx.
+#: A whole tree: the root by its primary key, its descendants by postjobs_tree_idx (args and
+#: results whole with :whole, as in JOBS_PAGE).
 JOB_TREE = text(
     "SELECT j.id, j.parent_id, j.full_id, j.queue, j.workflow, j.workflow_version, "
-    "j.status::text AS status, left(j.args::text, 200) AS args_text, "
-    "left(j.results::text, 200) AS results_text, j.error, j.error_message, j.awaiting_id, "
+    "j.status::text AS status, "
+    "CASE WHEN :whole THEN j.args::text ELSE left(j.args::text, 200) END AS args_text, "
+    "CASE WHEN :whole THEN j.results::text ELSE left(j.results::text, 200) END AS results_text, "
+    "j.error, j.error_message, j.awaiting_id, "
     "j.workflow_status, j.next_run_at, j.failed_attempts, j.max_attempts, j.updated_at, "
     "t.token::text AS token FROM postjob.jobs j "
     "LEFT JOIN postjob.tokens t ON t.postjob_id = j.id "
@@ -347,8 +352,9 @@ def _windowed(flt: JobFilter) -> bool:
     return bool(narrowed) and not indexed
 
 
-def jobs_page(conn: Connection, flt: JobFilter, before: int | None, limit: int) -> Page:
-    """A page of jobs below the cursor ``before`` (newest first)."""
+def jobs_page(conn: Connection, flt: JobFilter, before: int | None, limit: int,
+              whole: bool = False) -> Page:
+    """A page of jobs below the cursor ``before`` (newest first); ``whole``: all of the args."""
     floor, upper = _bounds(conn, flt, before)
     if _windowed(flt):
         floor = max(floor, upper - LIST_WINDOW)
@@ -357,7 +363,7 @@ def jobs_page(conn: Connection, flt: JobFilter, before: int | None, limit: int) 
         JOBS_PAGE,
         {
             "before": upper, "floor": floor, "statuses": flt.statuses, "queue": flt.queue,
-            "workflow": flt.workflow, "tags": flt.tags_json, "limit": limit,
+            "workflow": flt.workflow, "tags": flt.tags_json, "limit": limit, "whole": whole,
         },
     )
     full = len(rows) == limit
@@ -377,8 +383,8 @@ def job(conn: Connection, job_id: int) -> Row | None:
     return rows[0] if rows else None
 
 
-def tree(conn: Connection, root_id: int) -> list[Row]:
-    return _rows(conn, JOB_TREE, {"root": root_id, "limit": TREE_LIMIT + 1})
+def tree(conn: Connection, root_id: int, whole: bool = False) -> list[Row]:
+    return _rows(conn, JOB_TREE, {"root": root_id, "limit": TREE_LIMIT + 1, "whole": whole})
 
 
 # -- schedules and limits --------------------------------------------------------------------

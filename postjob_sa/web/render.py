@@ -14,6 +14,7 @@ from markupsafe import Markup
 from postjob_sa.models import Status
 
 from .charts import STACK
+from .redaction import Hidden
 
 #: Longest JSON document shown in full on a job's page.
 JSON_LIMIT = 64_000
@@ -88,6 +89,7 @@ def environment() -> jinja2.Environment:
         json=pretty_json, iso=iso, utc=utc, number=number, seconds=seconds, tags=tags_text,
     )
     env.globals.update(STATUS_LABELS=STATUS_LABELS, STATUS_ORDER=STATUS_ORDER, STACK=STACK)
+    env.tests["hidden"] = lambda value: isinstance(value, Hidden)
     return env
 
 

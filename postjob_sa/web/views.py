@@ -20,6 +20,7 @@ from postjob_sa.durable import view as durable_view
 from . import forms
 from . import queries as q
 from .charts import throughput_chart
+from .redaction import Redaction
 from .render import STATUS_ORDER
 
 Fragment = tuple[str, dict[str, Any]]  # (template, context)
@@ -42,6 +43,8 @@ class Settings:
     #: how long a due job waits before the overview calls it stranded
     stuck_after: float = 60.0
     page_size: int = 50
+    #: what the pages show of args and results
+    redaction: Redaction = field(default_factory=Redaction)
 
 
 # -- overview --------------------------------------------------------------------------------
@@ -129,6 +132,8 @@ def overview(conn: Connection, settings: Settings, throughput: Reused) -> Screen
     lines, total = _queue_lines(counts, flow)
     workers = _worker_lines(q.workers_registered(conn), q.workers_connected(conn), q.workers_busy(conn))
     manual_count, manual = q.manual_steps(conn)
+    for m in manual:
+        m.values["label"] = settings.redaction.label(m.values.pop("args"))
     up = sum(1 for w in workers if w.up)
     return Screen(
         "overview.html",
@@ -166,7 +171,10 @@ def jobs(conn: Connection, args: MultiDict[str, str], settings: Settings) -> Scr
     """The list; InvalidArgument for a malformed filter (the app shows it on the page)."""
     query = forms.list_query(args)
     before = forms.cursor(args)
-    page = q.jobs_page(conn, query.to_filter(q.db_now(conn)), before, settings.page_size)
+    shown = settings.redaction
+    page = q.jobs_page(conn, query.to_filter(q.db_now(conn)), before, settings.page_size, shown.whole)
+    for r in page.rows:
+        r.values["args_text"] = shown.text(r.args_text, 160)
     return Screen(
         "jobs.html",
         "Jobs",
@@ -213,21 +221,39 @@ def _tree(rows: list[q.Row], root_id: int) -> tuple[list[Node], bool]:
     return out, cut
 
 
-def job(conn: Connection, job_id: int) -> Screen:
+def _shown(row: q.Row, shown: Redaction) -> q.Row:
+    """The job's args and result as the page shows them (``result``: ``results[0]`` of a
+    single result; ``has_result``: whether there is one)."""
+    results = row.values.pop("results")
+    row.values["has_result"] = results is not None
+    single = isinstance(results, list) and len(results) == 1
+    row.values["result"] = shown.value(results[0] if single else results) if results is not None else None
+    row.values["args"] = shown.value(row.args)
+    return row
+
+
+def job(conn: Connection, job_id: int, settings: Settings) -> Screen:
     row = q.job(conn, job_id)
     if row is None:
         raise NotFound(f"no job has the id {job_id}")
+    shown = settings.redaction
     root_id = int(row.root_id or row.id)
-    nodes, cut = _tree(q.tree(conn, root_id), root_id)
+    nodes, cut = _tree(q.tree(conn, root_id, shown.whole), root_id)
+    for n in nodes:
+        n.row.values["args_text"] = shown.text(n.row.args_text, 200)
+        n.row.values["results_text"] = shown.text(n.row.results_text, 200)
+    durable = durable_view.of_jobs(conn, [job_id])[job_id]
+    for step in durable.steps:
+        if step["kind"] != "sleep" and not step["error"]:
+            step["result"] = shown.value(step["result"])
     awaited = {n.row.id: n.row for n in nodes}
     return Screen(
         "job.html",
         f"Job {job_id}",
         context={"job_id": job_id},
         fragments={
-            "job": ("fragments/job_fields.html", {"job": row}),
-            "durable": ("fragments/job_durable.html",
-                        {"durable": durable_view.of_jobs(conn, [job_id])[job_id]}),
+            "job": ("fragments/job_fields.html", {"job": _shown(row, shown)}),
+            "durable": ("fragments/job_durable.html", {"durable": durable}),
             "tree": ("fragments/job_tree.html", {
                 "nodes": nodes, "cut": cut, "current": job_id, "awaited": awaited,
                 "limit": q.TREE_LIMIT,

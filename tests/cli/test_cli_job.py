@@ -250,16 +250,17 @@ def test_enqueue_without_import_says_the_workflow_defaults_do_not_apply(cli: Any
     job = _job(engine, int(res.stdout))
     assert (job["queue"], job["max_attempts"], job["timeout"]) == ("q", 5, None)  # not demo's 3
     assert res.stderr.splitlines() == [
-        "postjob: note: demo.measure was not imported (--import MODULE), so its "
-        "@postjob_sa.workflow defaults do not apply: the job has queue 'q', max_attempts 5, "
-        "no timeout"]
+        "postjob: warning: demo.measure is not imported here, so the job has the table's "
+        "defaults, not its @postjob_sa.workflow options: queue 'q', max_attempts 5, no "
+        "timeout (--import MODULE uses the workflow's own)"]
     res = cli("job", "enqueue", "demo.measure", '"word"', "--max-attempts", "3", "--queue", "q")
     assert res.stderr.splitlines() == [
-        "postjob: note: demo.measure was not imported (--import MODULE), so its "
-        "@postjob_sa.workflow defaults do not apply: the job has no timeout"]
+        "postjob: warning: demo.measure is not imported here, so the job has the table's "
+        "defaults, not its @postjob_sa.workflow options: no timeout (--import MODULE uses "
+        "the workflow's own)"]
     res = cli("job", "enqueue", "demo.measure", '"word"', "--import", "postjob_sa.demo")
     assert res.returncode == 0 and res.stderr == ""
     help_text = " ".join(cli("job", "enqueue", "--help").stdout.split())
-    assert ("Without --import, the defaults of the workflow's @postjob_sa.workflow(...) are not "
-            "known: the job gets the options given here, else queue q, 5 attempts and no "
-            "timeout") in help_text
+    assert ("Without --import, the options of the workflow's @postjob_sa.workflow(...) are not "
+            "known: the job gets the options given here, else the table's defaults, queue q, "
+            "5 attempts and no timeout") in help_text

@@ -153,7 +153,7 @@ def test_ps_marks_jobs_no_worker_runs_when_no_worker_is_running(db_url: URL, wai
     assert statuses[waiting["later"]] == "ready (no worker)"  # it will wait too, once due
     assert statuses[waiting["manual"]] == "awaits token"  # a person finishes it, not a worker
     assert statuses[waiting["gone"]] == "ok"
-    assert res.stdout.splitlines()[-1] == (
+    assert res.stderr.splitlines()[0] == (  # a warning: on stderr, a line of its own
         "(no worker): no worker is running, so nothing runs these jobs; start one: postjob run "
         "--import MODULE")
     jobs = {j["id"]: j for j in json.loads(_ps(db_url, "--json").stdout)["jobs"]}
@@ -168,11 +168,11 @@ def test_ps_marks_only_what_no_live_worker_knows(engine: Engine, db_url: URL, wa
     statuses = _status_by_id(res.stdout)
     assert statuses[waiting["ping"]] == "ready"
     assert statuses[waiting["typo"]] == "err (no worker)"
-    assert res.stdout.splitlines()[-1] == (
+    assert res.stderr.splitlines()[0] == (
         "(no worker): none of the 1 running worker knows app.typo; start a worker that imports "
         "it (postjob run --import MODULE) or fix the name")
     res = _ps(db_url, "full", str(waiting["typo"]))
-    assert "err (no worker)" in res.stdout and "none of the 1 running worker knows app.typo" in res.stdout
+    assert "err (no worker)" in res.stdout and "none of the 1 running worker knows app.typo" in res.stderr
 
 
 def test_ps_keeps_the_end_of_a_long_workflow_name(db_url: URL, waiting: dict[str, int]) -> None:
