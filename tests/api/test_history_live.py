@@ -1,0 +1,126 @@
+"""History beside live traffic (issue 37): the rotation decides on what it sees once its locks
+are granted, takes them in the order every statement takes them (the record, then a range),
+says ``busy`` for a lock it cannot get, and catches up under a steady stream of enqueues and
+runs, each step on its own."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+from postjob_sa import Job, JobQueue, RotationReport
+from tests.api.test_history import _at, _rotate, fresh, reg, work  # noqa: F401
+
+pytestmark = [pytest.mark.both_drivers, pytest.mark.slow]
+
+ORPHANS = text("SELECT count(*) FROM postjob.unfinished u "
+               "WHERE NOT EXISTS (SELECT 1 FROM postjob.postjobs j WHERE j.id = u.job_id)")
+ROTATION_WAITS = text(
+    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+    "AND query LIKE '%rotate_history%' AND pid <> pg_backend_pid()")
+
+
+def _settle_old(engine: Engine) -> None:
+    """Two hours pass (the settles the rotation read are forgotten)."""
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE postjob.postjobs SET updated_at = now() - interval '2 hours'"))
+        conn.execute(text("DELETE FROM postjob.history_partitions"))
+
+
+def _wait_for(engine: Engine, what: Callable[[Any], bool], seconds: float = 30) -> None:
+    end = time.monotonic() + seconds
+    with engine.connect() as conn:
+        while not what(conn):
+            assert time.monotonic() < end, "waited in vain"
+            time.sleep(0.05)
+            conn.rollback()
+
+
+class Rotation(threading.Thread):
+    """A rotation in a thread of its own (its own connection), as the CLI runs it."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(daemon=True)
+        self.engine = engine
+        self.report: RotationReport | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.report = _rotate(self.engine)
+        except BaseException as exc:  # reported in the test's thread
+            self.error = exc
+
+
+def _one_settled_job_in_a_closed_range(engine: Engine, *, keep: timedelta | None
+                                       ) -> tuple[int, int]:
+    """[1,000,000, 1,001,000) holds one settled job, past keep, and is closed; the next range
+    an unfinished job. With a keep, the ranges ahead are made already (the next rotation has
+    nothing to create). Returns the two jobs."""
+    with Session(engine) as s:
+        JobQueue(s).set_history(keep=keep, partition_size=1000)
+        s.commit()
+    _at(engine, 1_000_000)
+    _rotate(engine)  # [1,000,000, 1,001,000) and the one after it
+    with Session(engine) as s:
+        q = JobQueue(s, registry=reg, fast_mode=True)
+        job_id = q.enqueue(work, 1).id
+        s.commit()
+        assert q.drain() == 1
+    _at(engine, 1_001_000)
+    with Session(engine) as s:  # a job of the next range, unfinished
+        other = JobQueue(s, registry=reg).enqueue(work, 2).id
+        s.commit()
+    if keep is not None:
+        assert _rotate(engine).created == ["postjobs_from_1001000", "postjobs_from_1002000"]
+    _settle_old(engine)
+    return job_id, other
+
+
+def _reset_while_the_rotation_waits(engine: Engine, job_id: int, read: int | None = None
+                                    ) -> tuple[Rotation, list[int]]:
+    """An app's transaction reads a job (its Session loads ``read``, by default the job it
+    resets), the rotation starts and waits for that transaction's lock, then the app resets
+    the job and commits."""
+    reset: list[int] = []
+    with Session(engine) as app:
+        job = app.get(Job, job_id if read is None else read)
+        assert job is not None
+        rotation = Rotation(engine)
+        rotation.start()
+        _wait_for(engine, lambda c: c.execute(ROTATION_WAITS).scalar() > 0)
+        reset += JobQueue(app).reset(job_id)
+        app.commit()
+    rotation.join(60)
+    assert not rotation.is_alive()
+    return rotation, reset
+
+
+@pytest.mark.parametrize("app_read", ["another job", "the job"])
+def test_a_job_reset_while_the_rotation_waits_for_its_range_is_not_dropped(
+        fresh: Engine, app_read: str) -> None:  # noqa: F811
+    """Issue 37, item 1: the rotation decided to drop the range before its lock was granted;
+    the reset committed meanwhile and the job's record went with the range (the app had read
+    another job), or the two deadlocked (the app had read the job itself)."""
+    job_id, other = _one_settled_job_in_a_closed_range(fresh, keep=timedelta(hours=1))
+    rotation, reset = _reset_while_the_rotation_waits(
+        fresh, job_id, read=other if app_read == "another job" else None)
+    assert rotation.error is None, rotation.error
+    assert reset == [job_id]
+    assert rotation.report is not None
+    assert "postjobs_from_1000000" not in rotation.report.dropped
+    assert ("postjobs_from_1000000", job_id, None) in rotation.report.pinned
+    with Session(fresh) as s:
+        assert s.execute(ORPHANS).scalar() == 0
+        job = s.get(Job, job_id)
+        assert job is not None and job.status == "ready"
+        assert JobQueue(s, registry=reg, fast_mode=True).drain() == 2
+        s.expire_all()
+        assert s.get(Job, job_id).status == "ok"  # type: ignore[union-attr]
