@@ -124,3 +124,20 @@ def test_a_job_reset_while_the_rotation_waits_for_its_range_is_not_dropped(
         assert JobQueue(s, registry=reg, fast_mode=True).drain() == 2
         s.expire_all()
         assert s.get(Job, job_id).status == "ok"  # type: ignore[union-attr]
+
+
+def test_compaction_and_an_app_that_read_the_record_then_resets_do_not_deadlock(
+        fresh: Engine) -> None:  # noqa: F811
+    """Issue 37, item 2: the compaction held its range and asked for the record; the app held
+    the record (it had read the job) and asked for the range: a deadlock, raised raw."""
+    job_id, _ = _one_settled_job_in_a_closed_range(fresh, keep=None)
+    rotation, reset = _reset_while_the_rotation_waits(fresh, job_id)
+    assert rotation.error is None, rotation.error
+    assert reset == [job_id]
+    assert rotation.report is not None
+    assert rotation.report.compacted == []  # it holds an unfinished job now
+    with Session(fresh) as s:
+        assert s.execute(ORPHANS).scalar() == 0
+        assert JobQueue(s, registry=reg, fast_mode=True).drain() == 2
+    report = _rotate(fresh)
+    assert report.compacted == ["postjobs_from_1000000"]  # settled again
