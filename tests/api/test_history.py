@@ -359,3 +359,28 @@ def test_a_closed_range_of_settled_jobs_is_compacted_into_full_pages(fresh: Engi
         assert s.execute(text("SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'")
                          ).scalar() == n
     assert _rotate(fresh).compacted == []  # once
+
+
+def test_history_settings_have_upper_bounds(fresh: Engine) -> None:
+    """Issue 37, item 6: a keep or a size too large for the rotation's arithmetic is refused
+    before anything is written (it was accepted, or raised a raw DataError that aborted the
+    caller's transaction), and a row written past them by older code does not fail it."""
+    with Session(fresh) as s:
+        q = JobQueue(s)
+        for bad in ({"keep": timedelta(days=999_999_999)}, {"keep": timedelta(days=36_501)},
+                    {"partition_size": 2**63 - 1}, {"partition_size": 2**63},
+                    {"partition_size": 1_000_000_001}):
+            with pytest.raises(InvalidArgument, match="at most"):
+                q.set_history(**bad)  # type: ignore[arg-type]
+        assert s.execute(text("SELECT count(*) FROM postjob.history_settings")).scalar() == 0
+        q.set_history(keep=timedelta(days=36_500), partition_size=1_000_000_000)  # the bounds
+        s.commit()
+    _at(fresh, 1_000)
+    assert _rotate(fresh).created == ["postjobs_from_1000000"]
+    with fresh.begin() as conn:
+        conn.execute(text("UPDATE postjob.history_settings SET keep = interval '999999999 days', "
+                          "partition_size = 9223372036854775807"))
+    _at(fresh, 999_999_999)
+    report = _rotate(fresh)  # taken at the bounds: no error
+    assert report.dropped == []
+
