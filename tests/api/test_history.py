@@ -384,3 +384,25 @@ def test_history_settings_have_upper_bounds(fresh: Engine) -> None:
     report = _rotate(fresh)  # taken at the bounds: no error
     assert report.dropped == []
 
+
+def test_the_open_range_closes_within_partition_size_ids_of_the_setting(fresh: Engine) -> None:
+    """Issue 37, item 7: on a fresh install the first range holds a million ids; once the
+    size is set, the rotation narrows the open range to end partition_size ids on, so that
+    retention and compaction follow the size set."""
+    _at(fresh, 100)  # ids up to 99 handed out
+    with Session(fresh) as s:
+        JobQueue(s).set_history(keep=timedelta(minutes=1), partition_size=20_000)
+        s.commit()
+    _rotate(fresh)
+    with Session(fresh) as s:
+        ends = [(r.name, r.to_id) for r in JobQueue(s).history_status()]
+    assert ends == [("postjobs_from_0", 20_100), ("postjobs_from_20100", 40_100),
+                    ("postjobs_default", None)]
+    with fresh.begin() as conn:
+        conn.execute(NOOPS, {"n": 25_000})  # ids 100 to 25,099, settled two minutes ago
+        conn.execute(text("UPDATE postjob.postjobs SET status = 'ok', results = '[null]', "
+                          "updated_at = now() - interval '2 minutes'"))
+    report = _rotate(fresh)
+    assert report.dropped == ["postjobs_from_0"] and report.jobs_dropped == 20_000
+    assert report.created == ["postjobs_from_40100"]
+    assert _rotate(fresh).dropped == []  # the open range's jobs stay until it is closed

@@ -79,3 +79,11 @@ def test_partition_size_and_keep_have_upper_bounds(cli: Any, engine: Engine) -> 
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM postjob.history_settings")).scalar() == 0
 
+
+def test_status_says_where_the_open_range_ends(cli: Any) -> None:
+    assert cli("history", "set", "--partition-size", "20000").returncode == 0
+    assert cli("history", "rotate").returncode == 0
+    res = cli("history", "status")
+    assert res.returncode == 0, res.stderr
+    line = next(x for x in res.stdout.splitlines() if x.startswith("postjobs_from_0 "))
+    assert "… to 20,000" in line, res.stdout
