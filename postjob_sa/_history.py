@@ -16,9 +16,12 @@ from sqlalchemy.orm import Session
 from postjob_sa import _session_sql
 from postjob_sa.errors import InvalidArgument
 
-#: Job ids per range when nothing was set, and the least a range may hold.
+#: Job ids per range when nothing was set, the least and the most a range may hold.
 DEFAULT_PARTITION_SIZE = 1_000_000
 MIN_PARTITION_SIZE = 1_000
+MAX_PARTITION_SIZE = 1_000_000_000
+#: The longest keep (a century; the rotation takes a longer one stored by older code as this).
+MAX_KEEP = timedelta(days=36_500)
 
 
 @dataclass(frozen=True)
@@ -98,12 +101,15 @@ class RotationReport:
 
 def checked(keep: timedelta | None, partition_size: int) -> HistorySettings:
     """The settings, or InvalidArgument before anything is written."""
-    if keep is not None and (not isinstance(keep, timedelta) or keep <= timedelta(0)):
-        raise InvalidArgument(f"keep must be a positive timedelta or None, not {keep!r}")
+    if keep is not None and (not isinstance(keep, timedelta) or keep <= timedelta(0)
+                             or keep > MAX_KEEP):
+        raise InvalidArgument(f"keep must be a positive timedelta of at most {MAX_KEEP.days:,} "
+                              f"days (a century), or None (for ever), not {keep!r}")
     if (isinstance(partition_size, bool) or not isinstance(partition_size, int)
-            or partition_size < MIN_PARTITION_SIZE):
+            or not MIN_PARTITION_SIZE <= partition_size <= MAX_PARTITION_SIZE):
         raise InvalidArgument(f"partition_size must be an integer of at least "
-                              f"{MIN_PARTITION_SIZE:,}, not {partition_size!r}")
+                              f"{MIN_PARTITION_SIZE:,} and at most {MAX_PARTITION_SIZE:,}, "
+                              f"not {partition_size!r}")
     return HistorySettings(keep, partition_size)
 
 

@@ -11,9 +11,12 @@
 -- lock: another one meanwhile does nothing and says so).
 
 -- The settings (the defaults without a row: ranges of 1,000,000 ids, kept for ever).
+-- Taken at most at the bounds JobQueue.set_history checks (a century, a billion ids): a row
+-- written past them (by older code) keeps the rotation's arithmetic in range.
 CREATE OR REPLACE FUNCTION postjob._history_settings(OUT keep interval, OUT partition_size bigint)
 LANGUAGE sql STABLE AS $$
-  SELECT s.keep, COALESCE(s.partition_size, 1000000)
+  SELECT CASE WHEN s.keep > interval '36500 days' THEN interval '36500 days' ELSE s.keep END,
+         LEAST(COALESCE(s.partition_size, 1000000), 1000000000)
   FROM (VALUES (1)) AS x (one) LEFT JOIN postjob.history_settings s ON s.id
 $$;
 
