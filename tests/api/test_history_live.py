@@ -16,6 +16,9 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from postjob_sa import Job, JobQueue, RotationReport
+from postjob_sa._db import Conn
+from postjob_sa.worker.options import WorkerOptions
+from postjob_sa.worker.upkeep import Upkeep
 from tests.api.test_history import _at, _rotate, fresh, reg, work  # noqa: F401
 
 pytestmark = [pytest.mark.both_drivers, pytest.mark.slow]
@@ -79,7 +82,7 @@ def _one_settled_job_in_a_closed_range(engine: Engine, *, keep: timedelta | None
         other = JobQueue(s, registry=reg).enqueue(work, 2).id
         s.commit()
     if keep is not None:
-        assert _rotate(engine).created == ["postjobs_from_1001000", "postjobs_from_1002000"]
+        _rotate(engine)
     _settle_old(engine)
     return job_id, other
 
@@ -126,12 +129,14 @@ def test_a_job_reset_while_the_rotation_waits_for_its_range_is_not_dropped(
         assert s.get(Job, job_id).status == "ok"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("app_read", ["another job", "the job"])
 def test_compaction_and_an_app_that_read_the_record_then_resets_do_not_deadlock(
-        fresh: Engine) -> None:  # noqa: F811
+        fresh: Engine, app_read: str) -> None:  # noqa: F811
     """Issue 37, item 2: the compaction held its range and asked for the record; the app held
-    the record (it had read the job) and asked for the range: a deadlock, raised raw."""
-    job_id, _ = _one_settled_job_in_a_closed_range(fresh, keep=None)
-    rotation, reset = _reset_while_the_rotation_waits(fresh, job_id)
+    the record (it had read a job) and asked for the range: a deadlock, raised raw."""
+    job_id, other = _one_settled_job_in_a_closed_range(fresh, keep=None)
+    rotation, reset = _reset_while_the_rotation_waits(
+        fresh, job_id, read=other if app_read == "another job" else None)
     assert rotation.error is None, rotation.error
     assert reset == [job_id]
     assert rotation.report is not None
@@ -225,6 +230,7 @@ def test_a_rotation_behind_by_ranges_catches_up_under_a_steady_stream_of_enqueue
         f"{len(errors)} of {len(errors) + len(reports)} rotations failed: {kinds(errors)}; "
         f"the traffic met {kinds(traffic.errors)}")
     assert [r.dropped for r in reports if r.dropped] == [["postjobs_from_0"]]
+    assert [r.failed for r in reports if r.failed] == []
     final = _rotate(fresh)
     assert final.busy is False
     with fresh.connect() as conn:
@@ -238,3 +244,63 @@ def test_a_rotation_behind_by_ranges_catches_up_under_a_steady_stream_of_enqueue
     with Session(fresh) as s:
         present = {i for (i,) in s.execute(text("SELECT id FROM postjob.postjobs"))}
     assert present == set(traffic.ids)
+
+
+def _upkeep_lines(engine: Engine) -> list[str]:
+    """What the workers' upkeep logs of history, the first time it looks."""
+    conn = Conn.open(engine)
+    try:
+        return [line for line in Upkeep(engine, WorkerOptions()).look(conn) if "history" in line]
+    finally:
+        conn.close()
+
+
+def _behind_with_ranges_past_keep(engine: Engine) -> None:
+    """Two closed ranges past keep, no range for the next ids, one job in the default."""
+    with Session(engine) as s:
+        JobQueue(s).set_history(keep=timedelta(hours=1), partition_size=1000)
+        s.commit()
+    _at(engine, 1_000_000)
+    _rotate(engine)  # [1,000,000, 1,001,000) and the one after; the first range dropped
+    _at(engine, 1_002_500)
+    with Session(engine) as s:
+        JobQueue(s, registry=reg).enqueue(work, 1)
+        s.commit()
+
+
+def test_a_lock_the_rotation_cannot_have_is_busy_in_its_report_never_an_error(
+        fresh: Engine) -> None:  # noqa: F811
+    """Issue 37, item 2: a reader of the default partition keeps every step from its lock
+    (each detach and attach changes what the default may hold) for more than 5 s: the
+    rotation says ``busy`` (the upkeep logs it so, not as a failure) and the next one does it
+    all; on main the whole rotation raised (lock timeout of the attach)."""
+    _behind_with_ranges_past_keep(fresh)
+    with fresh.connect() as reader:
+        assert reader.execute(IN_DEFAULT).scalar() == 1  # holds the default until it ends
+        lines = _upkeep_lines(fresh)
+        reader.rollback()
+    assert lines == ["history: created 0 range(s); dropped 0 range(s), 0 job(s); busy "
+                     "(postjobs_default), tried again at the next rotation: canceling "
+                     "statement due to lock timeout"], lines
+    report = _rotate(fresh)
+    assert report.created == ["postjobs_from_1002000", "postjobs_from_1003000"]
+    assert report.dropped == ["postjobs_from_1000000", "postjobs_from_1001000"]
+    assert report.jobs_moved == 1 and not report.busy
+
+
+def test_a_step_that_fails_undoes_nothing_else(fresh: Engine) -> None:  # noqa: F811
+    """Issue 37, item 3: each step is a subtransaction of its own. A table left where the
+    next range goes makes its creation fail: the report and the upkeep's log say so, and the
+    drops of the same rotation stand (on main the error undid the whole rotation)."""
+    _behind_with_ranges_past_keep(fresh)
+    with fresh.begin() as conn:
+        conn.execute(text("CREATE TABLE postjob.postjobs_from_1002000 (id bigint)"))
+    lines = _upkeep_lines(fresh)
+    assert len(lines) == 1 and lines[0].startswith(
+        "history: created 0 range(s); dropped 2 range(s), 0 job(s): postjobs_from_1000000, "
+        "postjobs_from_1001000; failed postjobs_from_1002000: relation "), lines
+    with fresh.begin() as conn:
+        conn.execute(text("DROP TABLE postjob.postjobs_from_1002000"))
+    report = _rotate(fresh)
+    assert report.created == ["postjobs_from_1002000", "postjobs_from_1003000"]
+    assert report.jobs_moved == 1 and report.failed == []
