@@ -48,13 +48,20 @@ class HistoryRange:
     pinned_by: int | None
 
 
+#: What the rotation says when another one runs (then it does nothing).
+ANOTHER_ROTATION = "another rotation runs"
+
+
 @dataclass
 class RotationReport:
     """What one rotation did: the ranges created (and the jobs moved there from the default
-    partition), the ranges dropped and their jobs, the range compacted (rewritten into full
-    pages), the ranges kept because an unfinished tree (or a host's row) pins them, ``(name,
-    root id or None, detail)``, and whether another rotation was running (then this one did
-    nothing)."""
+    partition), the ranges narrowed to the size set ``(name, its new end)``, the ranges
+    dropped and their jobs, the range compacted (rewritten into full pages), the ranges kept
+    because an unfinished tree (or a host's row) pins them, ``(name, root id or None,
+    detail)``; ``busy`` when another rotation was running (then this one did nothing) or a
+    lock was not had within 5 s, ``waited`` saying which, ``(range name or None for the
+    record, detail)`` (the next rotation tries again); and the steps that failed, ``(name,
+    error)`` (the other steps stand)."""
 
     created: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
@@ -63,6 +70,9 @@ class RotationReport:
     jobs_moved: int = 0
     pinned: list[tuple[str, int | None, str | None]] = field(default_factory=list)
     busy: bool = False
+    narrowed: list[tuple[str, int]] = field(default_factory=list)
+    waited: list[tuple[str | None, str]] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
 
     @classmethod
     def of(cls, rows: Sequence[Mapping[str, Any]]) -> RotationReport:
@@ -72,6 +82,8 @@ class RotationReport:
             if action == "created":
                 report.created.append(name)
                 report.jobs_moved += int(row["jobs"])
+            elif action == "narrowed":
+                report.narrowed.append((name, int(row["to_id"])))
             elif action == "dropped":
                 report.dropped.append(name)
                 report.jobs_dropped += int(row["jobs"])
@@ -81,21 +93,37 @@ class RotationReport:
                 report.pinned.append((name, row["root_id"], row["detail"]))
             elif action == "busy":
                 report.busy = True
+                report.waited.append((name, str(row["detail"])))
+            elif action == "failed":
+                report.failed.append((name, str(row["detail"])))
         return report
+
+    @property
+    def did_something(self) -> bool:
+        """Whether it changed a range, or has something to say (a lock not had, a failure)."""
+        return bool(self.created or self.narrowed or self.dropped or self.compacted
+                    or self.failed or [w for w in self.waited if w[1] != ANOTHER_ROTATION])
 
     def lines(self) -> list[str]:
         """The report in a few lines (what ``postjob history rotate`` prints)."""
-        if self.busy and not (self.created or self.dropped):
+        if self.waited and self.waited[0][1] == ANOTHER_ROTATION:
             return ["another rotation is running: nothing done"]
         out = [f"created {len(self.created)} range(s)" + (f": {', '.join(self.created)}"
                                                           if self.created else ""),
                f"dropped {len(self.dropped)} range(s), {self.jobs_dropped} job(s)"
                + (f": {', '.join(self.dropped)}" if self.dropped else "")]
+        for name, to_id in self.narrowed:
+            out.append(f"narrowed {name}: it ends before id {to_id:,}")
         if self.compacted:
             out.append(f"compacted {', '.join(self.compacted)}")
         for name, root, detail in self.pinned:
             out.append(f"kept {name}: " + (f"job tree {root} is unfinished" if root is not None
                                            else str(detail)))
+        for where, detail in self.waited:
+            out.append(f"busy ({where or 'the record'}), tried again at the next rotation: "
+                       f"{detail}")
+        for name, error in self.failed:
+            out.append(f"failed {name}: {error}")
         return out
 
 
@@ -124,6 +152,10 @@ def settings(session: Session | Connection) -> HistorySettings:
 
 
 def rotate(session: Session) -> RotationReport:
+    level = session.execute(_session_sql.ISOLATION_LEVEL).scalar_one()
+    if level != "read committed":
+        raise InvalidArgument(f"rotate_history runs at READ COMMITTED (it decides on what it "
+                              f"sees once its locks are granted), not {level.upper()}")
     return RotationReport.of([dict(r) for r in session.execute(_session_sql.HISTORY_ROTATE).mappings()])
 
 
