@@ -4,11 +4,12 @@
 --
 -- A range is named postjobs_from_<its first id> (the first one, from MINVALUE, postjobs_from_0).
 -- A job whose range is not there yet is kept by postjobs_default until the rotation creates
--- that range and moves it there. A range is closed once every id in it has been handed out;
--- a closed range is dropped when its newest settle is older than keep and it holds no job of
--- an unfinished tree (one whose root or any descendant is unfinished: a parent may read a
--- child's result weeks after the child ended). One rotation runs at a time (an advisory
--- lock: another one meanwhile does nothing and says so).
+-- that range and moves it there. After a change of partition_size the rotation narrows the
+-- open range to end partition_size ids on. A range is closed once every id in it has been
+-- handed out; a closed range is dropped when its newest settle is older than keep and it
+-- holds no job of an unfinished tree (one whose root or any descendant is unfinished: a
+-- parent may read a child's result weeks after the child ended). One rotation runs at a
+-- time (an advisory lock: another one meanwhile does nothing and says so).
 
 -- The settings (the defaults without a row: ranges of 1,000,000 ids, kept for ever).
 -- Taken at most at the bounds JobQueue.set_history checks (a century, a billion ids): a row
