@@ -199,13 +199,13 @@ $$;
 -- step a subtransaction of its own (a step that fails undoes nothing else): the open range
 -- (and empty ones ahead) narrowed to partition_size ids on, the ranges ahead created (the
 -- range of the next id and the one after it; a rotation fallen more than a range behind
--- makes one range for the ids behind), the ranges past keep dropped, the compaction. One row per range
--- it did something with or left: action created (jobs: moved from the default partition),
--- narrowed (to_id: its new end), dropped (jobs: dropped), compacted (jobs: copied), pinned
--- (root_id: the unfinished tree; detail: a host's foreign key, when rows of the host refer
--- to its jobs), kept (its newest settle is within keep, or a job of it was reset), busy
--- (another rotation runs, or a lock was not had within 5 s: name NULL for the record),
--- failed (detail: the error; the other steps stand). Runs in the caller's transaction, at
+-- makes one range for the ids behind), the ranges past keep dropped, the compaction. One row
+-- per range it did something with or left: action created (jobs: moved from the default
+-- partition), narrowed (to_id: its new end), dropped (jobs: dropped), compacted (jobs:
+-- copied), pinned (root_id: the unfinished tree; detail: a host's foreign key, when rows of
+-- the host refer to its jobs), kept (its newest settle is within keep, or a job of it was
+-- reset), busy (another rotation runs, or a lock was not had within 5 s: name NULL for the
+-- record), failed (detail: the error; the other steps stand). Runs in the caller's transaction, at
 -- READ COMMITTED (a statement's snapshot is taken after the locks it waited for): what it
 -- drops is gone when that commits. It runs as the schema's owner (only a table's owner may
 -- attach or detach its partitions): a worker's role needs no more than its grants
@@ -285,8 +285,8 @@ BEGIN
 
   IF v_narrow OR cardinality(v_drop) > 0 OR v_compact IS NOT NULL THEN
     -- the record, then its default partition (every detach and attach changes what it may
-    -- hold): had both, no step waits for a lock any more; a step never waits with the
-    -- record held for a lock it cannot have
+    -- hold): once both are had, a step waits only for a reader of its range by name
+    -- (history status); the record waits while the rotation waits for them (5 s at most)
     name := NULL;
     BEGIN
       LOCK TABLE ONLY postjob.postjobs IN ACCESS EXCLUSIVE MODE;
