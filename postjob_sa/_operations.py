@@ -183,9 +183,10 @@ class JobOperations:
     @schema_checked
     def set_history(self, keep: timedelta | None = None,
                     partition_size: int = _history.DEFAULT_PARTITION_SIZE) -> None:
-        """Keep a finished job ``keep`` after it settled (None: for ever), in ranges of
-        ``partition_size`` job ids (at least 1,000; ranges made from now on). Written in the
-        caller's transaction; InvalidArgument before anything is written."""
+        """Keep a finished job ``keep`` after it settled (None: for ever; at most a century),
+        in ranges of ``partition_size`` job ids (1,000 to 1,000,000,000; the next rotation
+        ends the open range that many ids on). Written in the caller's transaction;
+        InvalidArgument before anything is written."""
         _history.set_settings(self.session, _history.checked(keep, partition_size))
 
     @schema_checked

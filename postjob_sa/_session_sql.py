@@ -214,6 +214,8 @@ HISTORY_SETTINGS = text("SELECT keep, partition_size FROM postjob._history_setti
 
 HISTORY_ROTATE = text(HISTORY_ROTATE_SQL)
 
+ISOLATION_LEVEL = text("SELECT current_setting('transaction_isolation')")
+
 HISTORY_STATUS = text(
     "SELECT name, from_id, to_id, jobs, bytes, newest_settle, pinned_by "
     "FROM postjob.history_status()")

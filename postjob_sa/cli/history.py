@@ -10,6 +10,7 @@ import click
 from rich import box
 from rich.table import Table
 
+from postjob_sa._history import MAX_KEEP, MAX_PARTITION_SIZE, MIN_PARTITION_SIZE
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.queue import JobQueue
 
@@ -17,7 +18,7 @@ from . import _parse, _render
 from ._env import App
 
 #: A keep of at most a century (a duration beyond means "for ever": say so with --keep forever).
-MAX_KEEP_SECONDS = 100 * 365 * 86400.0
+MAX_KEEP_SECONDS = MAX_KEEP.total_seconds()
 
 
 @click.group()
@@ -55,8 +56,9 @@ def history_status(app: App, as_json: bool) -> None:
 @history.command("set")
 @click.option("--keep", metavar="DURATION", help="Keep a finished job this long after it "
               "settled (e.g. 30d, 12h); 'forever' keeps every job. Default: as it is.")
-@click.option("--partition-size", type=int, metavar="N", help="Job ids per range (at least "
-              "1,000; ranges made from now on). Default: as it is.")
+@click.option("--partition-size", type=int, metavar="N", help=f"Job ids per range (at least "
+              f"{MIN_PARTITION_SIZE:,}, at most {MAX_PARTITION_SIZE:,}; the next rotation "
+              "ends the open range N ids on). Default: as it is.")
 @click.pass_obj
 def history_set(app: App, keep: str | None, partition_size: int | None) -> None:
     """Set how long finished jobs are kept (--keep) and the ids per range (--partition-size)."""
@@ -80,7 +82,8 @@ def history_set(app: App, keep: str | None, partition_size: int | None) -> None:
 @history.command("rotate")
 @click.pass_obj
 def history_rotate(app: App) -> None:
-    """Create the ranges ahead and drop those past --keep that no unfinished tree pins."""
+    """Narrow the open range to the size set, create the ranges ahead, drop those past --keep
+    that no unfinished tree pins, compact a closed one."""
     with app.session() as session:
         report = JobQueue(session).rotate_history()
         session.commit()

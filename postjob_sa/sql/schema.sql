@@ -28,7 +28,12 @@
 --   5. steps and event waits (postjob.steps, postjob.event_waits) of jobs locked above.
 -- A checkout never waits for a row: it takes job rows, places and starts with SKIP LOCKED.
 -- The rotation of history (history.sql) runs one at a time (an advisory lock) and takes only
--- table locks of the record's ranges, with a 5 s lock_timeout: it never holds a row lock.
+-- table locks, with a 5 s lock_timeout (one it cannot have is `busy` in its report, never an
+-- error): it never holds a row lock. It takes them as every statement does, the partitioned
+-- table before its partitions: the record alone (LOCK TABLE ONLY postjob.postjobs; ACCESS
+-- EXCLUSIVE to narrow, drop or compact ranges, SHARE ROW EXCLUSIVE to create one: writes
+-- wait, reads go on), then the default partition, then a range; and it decides what to do
+-- with a range only once those are granted.
 -- The one order a function cannot always keep is a tree that grows while it is cancelled or
 -- reset (a descendant spawned meanwhile has a later id than rows already locked): those
 -- functions try again when PostgreSQL reports a deadlock, so none reaches a caller.

@@ -162,10 +162,10 @@ class Upkeep:
             line = f"history rotation failed: {exc}"
             log.warning(line)
             return [line]
-        if not (report.created or report.dropped or report.compacted):
+        if not report.did_something:
             return []
         line = "history: " + "; ".join(report.lines())
-        log.info(line)
+        (log.warning if report.failed else log.info)(line)
         return [line]
 
     def _repair(self, conn: Conn) -> list[str]:

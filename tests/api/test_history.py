@@ -95,6 +95,18 @@ def test_set_history_is_checked_before_anything_is_written(fresh: Engine) -> Non
         assert q.history_settings() == postjob_sa.HistorySettings(None, 1_000_000)
 
 
+def test_the_rotation_runs_at_read_committed(fresh: Engine) -> None:
+    """It decides on what it sees once its locks are granted: a snapshot older than the
+    locks (REPEATABLE READ, SERIALIZABLE) would miss a job reset while it waited."""
+    with Session(fresh.execution_options(isolation_level="REPEATABLE READ")) as s:
+        with pytest.raises(InvalidArgument, match="READ COMMITTED"):
+            JobQueue(s).rotate_history()
+        assert JobQueue(s).history_settings().partition_size == 1_000_000  # still usable
+    with fresh.connect() as conn, pytest.raises(Exception, match="READ COMMITTED"):
+        conn.execute(text("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"))
+        conn.execute(text("SELECT * FROM postjob.rotate_history()"))
+
+
 def test_a_job_whose_range_is_missing_waits_in_the_default_and_the_rotation_moves_it(
         fresh: Engine) -> None:
     _at(fresh, 1_000_500)  # past the first range, and no rotation made the next one
@@ -359,3 +371,50 @@ def test_a_closed_range_of_settled_jobs_is_compacted_into_full_pages(fresh: Engi
         assert s.execute(text("SELECT count(*) FROM postjob.postjobs WHERE status = 'ok'")
                          ).scalar() == n
     assert _rotate(fresh).compacted == []  # once
+
+
+def test_history_settings_have_upper_bounds(fresh: Engine) -> None:
+    """Issue 37, item 6: a keep or a size too large for the rotation's arithmetic is refused
+    before anything is written (it was accepted, or raised a raw DataError that aborted the
+    caller's transaction), and a row written past them by older code does not fail it."""
+    with Session(fresh) as s:
+        q = JobQueue(s)
+        for bad in ({"keep": timedelta(days=999_999_999)}, {"keep": timedelta(days=36_501)},
+                    {"partition_size": 2**63 - 1}, {"partition_size": 2**63},
+                    {"partition_size": 1_000_000_001}):
+            with pytest.raises(InvalidArgument, match="at most"):
+                q.set_history(**bad)  # type: ignore[arg-type]
+        assert s.execute(text("SELECT count(*) FROM postjob.history_settings")).scalar() == 0
+        q.set_history(keep=timedelta(days=36_500), partition_size=1_000_000_000)  # the bounds
+        s.commit()
+    _at(fresh, 1_000)
+    assert _rotate(fresh).created == ["postjobs_from_1000000"]
+    with fresh.begin() as conn:
+        conn.execute(text("UPDATE postjob.history_settings SET keep = interval '999999999 days', "
+                          "partition_size = 9223372036854775807"))
+    _at(fresh, 999_999_999)
+    report = _rotate(fresh)  # taken at the bounds: no error
+    assert report.failed == [] and "postjobs_from_0" in report.dropped
+
+
+def test_the_open_range_closes_within_partition_size_ids_of_the_setting(fresh: Engine) -> None:
+    """Issue 37, item 7: on a fresh install the first range holds a million ids; once the
+    size is set, the rotation narrows the open range to end partition_size ids on, so that
+    retention and compaction follow the size set."""
+    _at(fresh, 100)  # ids up to 99 handed out
+    with Session(fresh) as s:
+        JobQueue(s).set_history(keep=timedelta(minutes=1), partition_size=20_000)
+        s.commit()
+    _rotate(fresh)
+    with Session(fresh) as s:
+        ends = [(r.name, r.to_id) for r in JobQueue(s).history_status()]
+    assert ends == [("postjobs_from_0", 20_100), ("postjobs_from_20100", 40_100),
+                    ("postjobs_default", None)]
+    with fresh.begin() as conn:
+        conn.execute(NOOPS, {"n": 25_000})  # ids 100 to 25,099, settled two minutes ago
+        conn.execute(text("UPDATE postjob.postjobs SET status = 'ok', results = '[null]', "
+                          "updated_at = now() - interval '2 minutes'"))
+    report = _rotate(fresh)
+    assert report.dropped == ["postjobs_from_0"] and report.jobs_dropped == 20_000
+    assert report.created == ["postjobs_from_40100"]
+    assert _rotate(fresh).dropped == []  # the open range's jobs stay until it is closed

@@ -70,3 +70,20 @@ def test_bad_input_is_one_line(cli: Any) -> None:
     assert_bad_input(cli("history", "set", "--partition-size", "999"), "at least 1,000")
     assert_bad_input(cli("history", "set", "--keep", "soon"), "not a --keep duration")
     assert_bad_input(cli("history", "set", "--keep", "0s"), "more than 0 seconds")
+
+
+def test_partition_size_and_keep_have_upper_bounds(cli: Any, engine: Engine) -> None:
+    for size in ("9223372036854775807", "9223372036854775808", "1000000001"):
+        assert_bad_input(cli("history", "set", "--partition-size", size), "at most")
+    assert_bad_input(cli("history", "set", "--keep", "999999999d"), "at most")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM postjob.history_settings")).scalar() == 0
+
+
+def test_status_says_where_the_open_range_ends(cli: Any) -> None:
+    assert cli("history", "set", "--partition-size", "20000").returncode == 0
+    assert cli("history", "rotate").returncode == 0
+    res = cli("history", "status")
+    assert res.returncode == 0, res.stderr
+    line = next(x for x in res.stdout.splitlines() if x.startswith("postjobs_from_0 "))
+    assert "… to 20,000" in line, res.stdout

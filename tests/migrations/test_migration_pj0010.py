@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 import postjob_sa
 from postjob_sa import Job, JobQueue, Registry
+from postjob_sa._migrations import head_revision
 from tests.revisions import VERSION, catalog, live_and_fresh
 
 reg = Registry()
@@ -78,7 +79,7 @@ def test_pj0010_attaches_the_record_as_its_first_range_and_downgrades_exactly(
 
     postjob_sa.migrate(live)
     with live.begin() as conn:
-        assert conn.execute(VERSION).scalar_one() == "pj0010"
+        assert conn.execute(VERSION).scalar_one() == head_revision()  # pj0010 or later
         assert _one(conn, "SELECT relkind FROM pg_class "
                           "WHERE oid = 'postjob.postjobs'::regclass") == "p"
         # not rewritten: the same file, every row where it was
@@ -115,4 +116,4 @@ def test_pj0010_attaches_the_record_as_its_first_range_and_downgrades_exactly(
         assert _one(conn, "SELECT count(*) FROM postjob.postjobs") == 4
     postjob_sa.migrate(live)  # and up again
     with live.connect() as conn:
-        assert conn.execute(VERSION).scalar_one() == "pj0010"
+        assert conn.execute(VERSION).scalar_one() == head_revision()  # pj0010 or later

@@ -45,7 +45,12 @@ CREATE OR REPLACE FUNCTION postjob.schema_version() RETURNS text
 LANGUAGE sql IMMUTABLE AS $$ SELECT 'pj0010'::text $$;
 """
 
+# What pj0011's function files added (history.sql: the rotation's narrowing of a range).
+DROP_ADDED = r"""
+DROP FUNCTION postjob._history_narrow(text, bigint, bigint, bigint, bigint)
+"""
+
 
 def downgrade() -> None:
     own_transaction_retried("\n;\n".join([BEGIN, *_sql_files.functions("pj0010"),
-                                          VERSION_DOWN]))
+                                          DROP_ADDED, VERSION_DOWN]))
