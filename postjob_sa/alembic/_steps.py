@@ -1,5 +1,7 @@
 """Steps the revisions share. Revisions are frozen history: change nothing here that a landed
-revision uses; add a new function instead."""
+revision uses (how its SQL is sent may change, never what it sends); add a new function
+instead. On asyncpg, scripts of many statements go unprepared: the steps here do it for what
+they run, :func:`sends_scripts_whole` for a revision that runs a script with ``op.execute()``."""
 
 from __future__ import annotations
 

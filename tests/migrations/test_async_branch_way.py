@@ -85,6 +85,9 @@ def heads(url: URL) -> set[str]:
 
 def test_upgrade_heads_and_downgrade_our_branch_on_asyncpg(fresh_db: URL, tmp_path: Path) -> None:
     project = branch_way_project(tmp_path, asyncpg_url(fresh_db))
+    offline = alembic(project, "upgrade", "heads", "--sql").stdout  # the same script as ever
+    assert "CREATE SCHEMA IF NOT EXISTS postjob;" in offline
+    assert heads(fresh_db) == set()
 
     alembic(project, "upgrade", "heads")
     assert installed(fresh_db) == head_revision()
