@@ -1,14 +1,22 @@
 """Steps the revisions share. Revisions are frozen history: change nothing here that a landed
-revision uses; add a new function instead."""
+revision uses (how its SQL is sent may change, never what it sends); add a new function
+instead. On asyncpg, scripts of many statements go unprepared: the steps here do it for what
+they run, :func:`sends_scripts_whole` for a revision that runs a script with ``op.execute()``."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
+from collections.abc import Callable, Iterator
+from typing import ParamSpec
 
 from alembic import op
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
+
+from postjob_sa._asyncpg_scripts import scripts_sent_whole
 
 
 def _external(ctx: MigrationContext) -> bool:
@@ -18,6 +26,36 @@ def _external(ctx: MigrationContext) -> bool:
             and getattr(ctx, "_transaction", None) is None)
 
 
+@contextlib.contextmanager
+def _whole() -> Iterator[None]:
+    """Online, scripts of many statements run in the block go to asyncpg unprepared, whole
+    (:mod:`postjob_sa._asyncpg_scripts`); offline SQL and other drivers are left as they are."""
+    if op.get_context().as_sql:
+        yield
+        return
+    with scripts_sent_whole(op.get_bind()):
+        yield
+
+
+_P = ParamSpec("_P")
+
+
+def sends_scripts_whole(step: Callable[_P, None]) -> Callable[_P, None]:
+    """For a revision's ``upgrade()`` or ``downgrade()`` (and the steps here) that runs
+    scripts of many statements with ``op.execute()``: on asyncpg, which prepares every
+    statement and refuses such a script, they are sent unprepared, whichever env.py runs the
+    revision (the branch way's included). The SQL, and so ``alembic upgrade --sql``, stays
+    the same."""
+
+    @functools.wraps(step)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        with _whole():
+            step(*args, **kwargs)
+
+    return run
+
+
+@sends_scripts_whole
 def index_step(*statements: str) -> None:
     """Build or drop indexes CONCURRENTLY (writes go on meanwhile) when Alembic owns the
     transaction; inside a transaction the caller began, in place instead."""
@@ -31,6 +69,7 @@ def index_step(*statements: str) -> None:
             op.execute(statement)
 
 
+@sends_scripts_whole
 def own_transaction(sql: str, *, then_wait: float = 0.0) -> None:
     """Run ``sql`` in a transaction of its own, committed before the steps that follow, then
     wait ``then_wait`` seconds (calls that began before it end meanwhile). Inside a
@@ -56,6 +95,7 @@ def own_transaction(sql: str, *, then_wait: float = 0.0) -> None:
 _IN_THE_WAY = {"40P01", "55P03"}
 
 
+@sends_scripts_whole
 def own_transaction_retried(sql: str, *, then_wait: float = 0.0, tries: int = 5) -> None:
     """:func:`own_transaction` tried again (after a growing pause) when a deadlock or the lock
     timeout ends it: a transaction that takes a table's lock beside running workers may meet

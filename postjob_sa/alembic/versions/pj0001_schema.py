@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from postjob_sa.alembic._steps import sends_scripts_whole
+
 revision = "pj0001"
 down_revision = None
 branch_labels = ("postjob",)
@@ -713,6 +715,7 @@ $$;
 """
 
 
+@sends_scripts_whole
 def upgrade() -> None:
     op.execute(SCHEMA_SQL)
     op.execute(TRIGGERS_SQL)

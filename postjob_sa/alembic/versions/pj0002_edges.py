@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from postjob_sa.alembic._steps import index_step, own_transaction
+from postjob_sa.alembic._steps import index_step, own_transaction, sends_scripts_whole
 
 revision = "pj0002"
 down_revision = "pj0001"
@@ -838,6 +838,7 @@ DROP FUNCTION IF EXISTS postjob.set_job_error(bigint, bigint, varchar, varchar, 
 """
 
 
+@sends_scripts_whole
 def upgrade() -> None:
     # committed first, then a moment for calls that began on the old functions to end
     own_transaction(SHAPES_SQL + RESOLVE_SQL, then_wait=1.0)
@@ -1263,6 +1264,7 @@ DROP TABLE postjob.workers;
 """
 
 
+@sends_scripts_whole
 def downgrade() -> None:
     index_step(OLD_INDEX_UP)
     op.execute(LOCK_TIMEOUT)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from postjob_sa.alembic._steps import index_step
+from postjob_sa.alembic._steps import index_step, sends_scripts_whole
 from postjob_sa.alembic.versions import pj0002_edges, pj0003_dashboard_index
 
 revision = "pj0004"
@@ -722,6 +722,7 @@ $$;
 """
 
 
+@sends_scripts_whole
 def upgrade() -> None:
     index_step(ENUM_UP)
     index_step(INVALID_INDEXES_DROP)
@@ -794,6 +795,7 @@ DROP FUNCTION postjob._runnable_queues(text, text, integer);
 """
 
 
+@sends_scripts_whole
 def downgrade() -> None:
     op.execute(LOCK_TIMEOUT)
     op.execute(DOWN_STATUS_SQL)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from postjob_sa.alembic._steps import index_step
+from postjob_sa.alembic._steps import index_step, sends_scripts_whole
 from postjob_sa.alembic.versions import pj0004_features
 
 revision = "pj0005"
@@ -377,6 +377,7 @@ $$;
 """
 
 
+@sends_scripts_whole
 def upgrade() -> None:
     op.execute(LOCK_TIMEOUT)
     op.execute(COLUMN_UP)
@@ -387,6 +388,7 @@ def upgrade() -> None:
     index_step(INDEX_DOWN)
 
 
+@sends_scripts_whole
 def downgrade() -> None:
     index_step(INVALID_INDEX_DROP, INDEX_UP)
     op.execute(LOCK_TIMEOUT)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from alembic import op
 
+from postjob_sa.alembic._steps import sends_scripts_whole
 from postjob_sa.alembic.versions import pj0006_checkout_locks
 
 revision = "pj0007"
@@ -375,12 +376,14 @@ VERSION_UP = (
 )
 
 
+@sends_scripts_whole
 def upgrade() -> None:
     op.execute(LOCK_TIMEOUT)
     op.execute(CHECKOUT_SQL)
     op.execute(VERSION_UP)
 
 
+@sends_scripts_whole
 def downgrade() -> None:
     op.execute(LOCK_TIMEOUT)
     # pj0006's function as that revision wrote it (frozen history), then its version

@@ -32,7 +32,7 @@ from __future__ import annotations
 from alembic import op
 
 from postjob_sa.alembic import _sql_files
-from postjob_sa.alembic._steps import index_step, own_transaction_retried
+from postjob_sa.alembic._steps import index_step, own_transaction_retried, sends_scripts_whole
 
 revision = "pj0008"
 down_revision = "pj0007"
@@ -244,6 +244,7 @@ DROP FUNCTION IF EXISTS postjob._notify_workers();
 """
 
 
+@sends_scripts_whole
 def upgrade() -> None:
     # each step meets the running workers' transactions: one that deadlocks with one of theirs,
     # or waits for its locks longer than lock_timeout, is tried again
