@@ -12,9 +12,12 @@ from __future__ import annotations
 # -- the worker ----------------------------------------------------------------------------------
 
 WORKER_REGISTER = (
-    "SELECT postjob.register_worker(%(identifier)s::varchar, %(lease)s::float8, "
-    "%(revision)s::varchar, %(workflows)s::text[], %(queues)s::text[])"
+    "SELECT postjob.register_worker_v2(%(identifier)s::varchar, %(lease)s::float8, "
+    "%(revision)s::varchar, %(workflows)s::text[], %(versions)s::text[], %(queues)s::text[])"
 )
+
+#: The worker's own connection is this one, direct: once it is gone the worker is dead.
+WORKER_ATTACH = "SELECT postjob.worker_attach_v1(%(worker_id)s::bigint)"
 
 #: A stopping worker's last word (after its last outcomes were recorded).
 WORKER_UNREGISTER = "SELECT postjob.unregister_worker(%(worker_id)s::bigint)"
@@ -60,17 +63,21 @@ WORKER_CYCLE = (
     "%(reap)s::boolean, %(promote)s::boolean) c"
 )
 
-#: The jobs a reap now would rescue: held under an expired lease whose worker is gone (as
-#: reap_v4 picks them), with who held them and when the lease ended (worker/rescues.py).
+#: The jobs a reap now would rescue: held under an expired lease whose worker is gone, or by a
+#: worker whose connection is gone (as reap_v4 picks them), with who held them and when the
+#: lease ended (worker/rescues.py).
 JOBS_OF_GONE_WORKERS = (
+    "WITH d AS (SELECT postjob._dead_workers() AS ids) "
     "SELECT u.job_id AS id, u.workflow, u.lease_token, j.failed_attempts, "
-    "u.lease_expires_at AS expires_at, COALESCE(w.identifier, u.holder) AS holder "
-    "FROM postjob.unfinished u JOIN postjob.postjobs j ON j.id = u.job_id "
+    "u.lease_expires_at AS expires_at, COALESCE(w.identifier, u.holder) AS holder, "
+    "COALESCE(u.worker_id = ANY (d.ids), false) AS connection_gone "
+    "FROM d CROSS JOIN postjob.unfinished u JOIN postjob.postjobs j ON j.id = u.job_id "
     "LEFT JOIN postjob.workers w ON w.id = u.worker_id "
     "WHERE u.lease_token IS NOT NULL AND u.status IN ('ready', 'err', 'sleep') "
-    "AND u.lease_expires_at <= statement_timestamp() AND NOT EXISTS ("
+    "AND ((u.lease_expires_at <= statement_timestamp() AND NOT EXISTS ("
     "SELECT 1 FROM postjob.workers x WHERE x.id = u.worker_id "
-    "AND x.expires_at > statement_timestamp()) ORDER BY u.lease_expires_at, u.job_id LIMIT 1000"
+    "AND x.expires_at > statement_timestamp())) OR u.worker_id = ANY (d.ids)) "
+    "ORDER BY u.lease_expires_at, u.job_id LIMIT 1000"
 )
 #: Of those, the ones a reap rescued: no longer under that lease, with the attempt it cost
 #: counted (the same statement may have checked a retried one out again already).

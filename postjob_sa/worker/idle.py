@@ -96,7 +96,10 @@ class Idle:
             self._last_reap = now
         seen = rescues.look(conn) if reap else []
         self.waker.idle()  # first: a job that commits after the next statement wakes us
-        ttnj = conn.scalar(_sql.WORKER_IDLE, self._params(reap))
+        params = self._params(reap)
+        if not can_take:  # no free place: not marked waiting, a new job wakes another worker
+            params["worker_id"] = None
+        ttnj = conn.scalar(_sql.WORKER_IDLE, params)
         rescues.report(conn, seen)
         if ttnj is not None and ttnj <= 0 and can_take:
             # due now, yet the checkout found nothing to take: its row is locked by another
