@@ -118,7 +118,8 @@ JOBS_STATUS_NOW = (
 
 #: Every worker hears this channel (a wake-up that found no worker waiting goes to all) ...
 WORKER_LISTEN = "LISTEN postjob_notifications"
-#: ... and one of its own (postjob._wake wakes the worker waiting longest on its channel).
+#: ... and one of its own (postjob._wake_for wakes, on its channel, the worker waiting longest
+#: among those that serve the new job).
 WORKER_LISTEN_OWN = "LISTEN postjob_worker_{worker_id:d}"
 #: The probe for a pooler in transaction mode (worker/pooler.py): a channel nobody notifies.
 POOLER_PROBE_LISTEN = "LISTEN postjob_pooler_probe"

@@ -5,8 +5,9 @@ Three sources, one interface (:class:`Waker`):
 - :class:`ListenWaker`: LISTEN on the worker's own connection (the default), or on a direct
   connection of its own when work goes through a pooler: on a channel of its own
   (``postjob_worker_<id>``), on which a new job wakes the one worker that has waited longest
-  (``postjob._wake``), and on ``postjob_notifications``, which every worker hears when no
-  worker was waiting.
+  among those that serve its queue, workflow and version (``postjob._wake_for``: what a worker
+  serves is in its row of ``postjob.workers``), and on ``postjob_notifications``, which every
+  worker hears when no such worker was waiting.
 - :class:`RelayWaker`: a worker process under the supervisor of ``postjob run --processes N``.
   The supervisor alone listens (one connection per host) and wakes one idle child per
   notification over a socket; the child tells it when it goes idle and when its checkout came

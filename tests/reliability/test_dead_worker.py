@@ -13,11 +13,14 @@ import signal
 import time
 from collections.abc import Callable
 
+import pytest
 from sqlalchemy import URL, Engine
 from sqlalchemy.orm import Session
 
 from postjob_sa import JobQueue
 from tests.reliability.conftest import WorkerProcess, report, scalar, wait_for
+
+pytestmark = pytest.mark.both_drivers
 
 OTHER = "tests.reliability.rel_other"
 RESCUE_BOUND = 10.0
