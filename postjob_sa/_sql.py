@@ -107,6 +107,10 @@ WORKER_IDLE = (
     "%(versions)s::text[], %(queues)s::text[], %(reap)s::boolean)"
 )
 
+#: A wake-up this worker could not use (its checkout found nothing), passed on to a worker
+#: that was waiting when it was sent (:since, the notification's payload).
+WORKER_PASS_WAKEUP = "SELECT postjob.pass_wakeup_v1(%(worker_id)s::bigint, %(since)s::text)"
+
 #: Make due the waiting jobs of these workflows whose time has come (a transactional worker,
 #: on its own connection, before the transaction of its next job).
 WORKER_PROMOTE = "SELECT postjob._promote(%(workflows)s::text[], %(versions)s::text[])"

@@ -86,6 +86,17 @@ RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
                      WHERE s.name = p_workflow AND s.version = p_version))
 $$;
 
+-- Whether jobs due now and not running include one that a worker registered with these
+-- workflows, versions and queues serves (a look at the due jobs of its workflows).
+CREATE OR REPLACE FUNCTION postjob._serves_due(p_workflows text[], p_versions text[],
+                                               p_queues text[])
+RETURNS boolean LANGUAGE sql STABLE AS $$
+  SELECT EXISTS (SELECT 1 FROM postjob.unfinished u
+                 WHERE u.workflow = ANY (p_workflows) AND u.due AND u.lease_token IS NULL
+                   AND postjob._serves(p_workflows, p_versions, p_queues, u.workflow,
+                                       u.workflow_version, u.queue))
+$$;
+
 -- Wake idle workers for p_count new jobs of (p_workflow, p_version, p_queue): up to p_count
 -- of the workers waiting for work that serve them (the longest waiting first) each get a
 -- notification on a channel of their own, so that one new job wakes one worker that can run
@@ -94,7 +105,8 @@ $$;
 -- busy, or marked by a transaction that has not committed, or no worker is known to serve
 -- the jobs), every listening worker is told on postjob_notifications instead, so no wake-up
 -- is lost to a worker that is just going idle. Notifications go out when the transaction
--- commits.
+-- commits. A worker's notification carries when it was sent (epoch seconds): a worker that
+-- cannot use it passes it on with that moment (pass_wakeup_v1).
 CREATE OR REPLACE FUNCTION postjob._wake_for(p_count integer, p_workflow varchar,
                                              p_version varchar, p_queue varchar)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -113,7 +125,8 @@ BEGIN
       FOR NO KEY UPDATE SKIP LOCKED))
     RETURNING w.id
   LOOP
-    PERFORM pg_notify('postjob_worker_' || v_id, '');
+    PERFORM pg_notify('postjob_worker_' || v_id,
+                      extract(epoch FROM statement_timestamp())::text);
     v_woken := v_woken + 1;
   END LOOP;
   IF v_woken < p_count AND EXISTS (SELECT 1 FROM postjob.workers x
@@ -138,20 +151,43 @@ BEGIN
     WHERE w.id = ANY (ARRAY(
       SELECT x.id FROM postjob.workers x
       WHERE x.waiting_since IS NOT NULL AND x.expires_at > statement_timestamp()
-        AND EXISTS (SELECT 1 FROM postjob.unfinished u
-                    WHERE u.workflow = ANY (x.workflows) AND u.due AND u.lease_token IS NULL
-                      AND postjob._serves(x.workflows, x.workflow_versions, x.queues,
-                                          u.workflow, u.workflow_version, u.queue))
+        AND postjob._serves_due(x.workflows, x.workflow_versions, x.queues)
       ORDER BY x.waiting_since LIMIT p_count
       FOR NO KEY UPDATE SKIP LOCKED))
     RETURNING w.id
   LOOP
-    PERFORM pg_notify('postjob_worker_' || v_id, '');
+    PERFORM pg_notify('postjob_worker_' || v_id,
+                      extract(epoch FROM statement_timestamp())::text);
     v_woken := v_woken + 1;
   END LOOP;
   IF v_woken < p_count AND EXISTS (SELECT 1 FROM postjob.workers x
                                    WHERE x.expires_at > statement_timestamp()) THEN
     PERFORM pg_notify('postjob_notifications', '');
+  END IF;
+END;
+$$;
+
+-- A worker woken by a notification of its own (sent at p_since, its payload) whose checkout
+-- then found nothing to take (another worker took the job first, or the due jobs it serves
+-- cannot start now) passes the wake-up on: to the worker waiting longest among those that
+-- were waiting already when it was sent and serve a job due now. A woken worker waits again
+-- from a later moment, so a wake-up reaches each worker at most once.
+CREATE OR REPLACE FUNCTION postjob.pass_wakeup_v1(p_worker_id bigint, p_since text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  v_id bigint;
+BEGIN
+  UPDATE postjob.workers w SET waiting_since = NULL
+  WHERE w.id = (
+    SELECT x.id FROM postjob.workers x
+    WHERE x.waiting_since < to_timestamp(p_since::double precision)
+      AND x.id <> p_worker_id AND x.expires_at > statement_timestamp()
+      AND postjob._serves_due(x.workflows, x.workflow_versions, x.queues)
+    ORDER BY x.waiting_since LIMIT 1
+    FOR NO KEY UPDATE SKIP LOCKED)
+  RETURNING w.id INTO v_id;
+  IF v_id IS NOT NULL THEN
+    PERFORM pg_notify('postjob_worker_' || v_id, p_since);
   END IF;
 END;
 $$;

@@ -64,6 +64,8 @@ DROP FUNCTION postjob.register_worker_v2(varchar, double precision, varchar, tex
 DROP FUNCTION postjob.worker_attach_v1(bigint);
 DROP FUNCTION postjob._dead_workers();
 DROP FUNCTION postjob._wake_for(integer, varchar, varchar, varchar);
+DROP FUNCTION postjob.pass_wakeup_v1(bigint, text);
+DROP FUNCTION postjob._serves_due(text[], text[], text[]);
 DROP FUNCTION postjob._serves(text[], text[], text[], varchar, varchar, varchar);
 ALTER TABLE postjob.workers DROP COLUMN workflow_versions, DROP COLUMN backend_pid,
   DROP COLUMN backend_start
