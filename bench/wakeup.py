@@ -5,8 +5,11 @@
 For each number of idle worker processes, two ways to run them:
 
 - ``supervisor``: ``postjob run --processes N`` (the supervisor listens and wakes one child);
-- ``listen``: N independent ``postjob run`` processes, each LISTENing (every NOTIFY wakes all
-  of them: the behaviour before the relay, and still that of workers without a supervisor).
+- ``listen``: N independent ``postjob run`` processes, each LISTENing on a channel of its own
+  (a new job wakes the one that has waited longest);
+- ``queues``: N independent processes, one per queue (``--queue q0`` ... ``--queue qN-1``, as
+  docs/operations.md recommends), the jobs spread over the queues in turn: a job must wake
+  the worker of its queue, so the latency should be that of ``listen`` with one worker.
 
 Each job is committed alone, ``--spacing`` seconds after the previous one, while every worker
 is idle; the job's body (bench/fleet_app.py) notes CLOCK_MONOTONIC when it starts. Latency is enqueue commit ->
@@ -38,6 +41,9 @@ def measure(url: str, workers: int, mode: str, jobs: int, spacing: float) -> dic
     try:
         if mode == "supervisor":
             group.start("--processes", str(workers))
+        elif mode == "queues":
+            for n in range(workers):
+                group.start("--queue", f"q{n}")
         else:
             for _ in range(workers):
                 group.start()
@@ -51,9 +57,10 @@ def measure(url: str, workers: int, mode: str, jobs: int, spacing: float) -> dic
                     server_pids = pg.backend_pids(url)
                     worker_pids = group.pids()
                     cpu0 = fleet.cpu_seconds(server_pids), fleet.cpu_seconds(worker_pids)
+                queue = f"q{i % workers}" if mode == "queues" else "q"
                 with conn.cursor() as cur:
-                    cur.execute("INSERT INTO postjob.postjobs (workflow, args) "
-                                "VALUES ('bench.record', '[0]') RETURNING id")
+                    cur.execute("INSERT INTO postjob.postjobs (workflow, args, queue) "
+                                "VALUES ('bench.record', '[0]', %s) RETURNING id", (queue,))
                     job_id = cur.fetchone()[0]  # type: ignore[index]
                 conn.commit()
                 commits[job_id] = now()
@@ -76,7 +83,8 @@ def measure(url: str, workers: int, mode: str, jobs: int, spacing: float) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="2,16,64")
-    parser.add_argument("--modes", default="supervisor,listen")
+    parser.add_argument("--modes", default="supervisor,listen",
+                        help="supervisor, listen, queues (comma separated)")
     parser.add_argument("--jobs", type=int, default=60)
     parser.add_argument("--spacing", type=float, default=0.15)
     parser.add_argument("--dsn-base", default="postgresql://root@127.0.0.1:5432")

@@ -138,6 +138,7 @@ class Conn:
         self.driver = driver
         self.owned = owned
         self._notified = False
+        self._payloads: list[str] = []  # of the notifications that carried one, not yet taken
         #: whether this connection may keep prepared statements (not behind a pooler)
         self.may_prepare = False
         self._prepared: dict[str, str] = {}  # statement -> its EXECUTE
@@ -247,6 +248,16 @@ class Conn:
 
     def _on_notify(self, notify: Any) -> None:
         self._notified = True
+        self._note(notify.payload)
+
+    def _note(self, payload: str) -> None:
+        if payload and len(self._payloads) < 100:  # (a busy worker takes none for a while)
+            self._payloads.append(payload)
+
+    def take_payloads(self) -> list[str]:
+        """The payloads of the notifications that arrived since the last call."""
+        payloads, self._payloads = self._payloads, []
+        return payloads
 
     def listen(self, channel_sql: str) -> None:
         self.rows(channel_sql)
@@ -257,6 +268,8 @@ class Conn:
             woken, self._notified = self._notified, False
             return woken
         if self.raw.notifies:
+            for notify in self.raw.notifies:
+                self._note(notify.payload)
             self.raw.notifies.clear()
             return True
         return False
@@ -284,8 +297,9 @@ class Conn:
             pgconn = self.raw.pgconn
             pgconn.consume_input()  # raises OperationalError when the server has gone
             woken = self._notified
-            while pgconn.notifies() is not None:
+            while (notify := pgconn.notifies()) is not None:
                 woken = True
+                self._note(notify.extra.decode(errors="replace"))
             self._notified = False
             return woken
         self.raw.poll()  # raises OperationalError when the server has gone

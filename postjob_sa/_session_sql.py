@@ -78,7 +78,8 @@ JOB_ENQUEUE_MANY = text(
     "  SELECT n.id, n.id, n.id::text, :queue, :workflow, :version, n.args, "
     "  CAST(:tags AS text)::jsonb, :max_attempts, :timeout, n.timing_out_at, n.run_at, :priority, "
     "  CAST(:trace_context AS text)::jsonb, true FROM n RETURNING id), "
-    "w AS (SELECT postjob._wake(count(*)::integer) FROM j) "
+    "w AS (SELECT postjob._wake_for(count(*)::integer, CAST(:workflow AS varchar), "
+    "  CAST(:version AS varchar), CAST(:queue AS varchar)) FROM j) "
     "SELECT j.id FROM j, w ORDER BY j.id"
 )
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 # -- the worker ----------------------------------------------------------------------------------
 
 WORKER_REGISTER = (
-    "SELECT postjob.register_worker(%(identifier)s::varchar, %(lease)s::float8, "
-    "%(revision)s::varchar, %(workflows)s::text[], %(queues)s::text[])"
+    "SELECT postjob.register_worker_v2(%(identifier)s::varchar, %(lease)s::float8, "
+    "%(revision)s::varchar, %(workflows)s::text[], %(versions)s::text[], %(queues)s::text[])"
 )
+
+#: The worker's own connection is this one, direct: once it is gone the worker is dead.
+WORKER_ATTACH = "SELECT postjob.worker_attach_v1(%(worker_id)s::bigint)"
 
 #: A stopping worker's last word (after its last outcomes were recorded).
 WORKER_UNREGISTER = "SELECT postjob.unregister_worker(%(worker_id)s::bigint)"
@@ -60,17 +63,21 @@ WORKER_CYCLE = (
     "%(reap)s::boolean, %(promote)s::boolean) c"
 )
 
-#: The jobs a reap now would rescue: held under an expired lease whose worker is gone (as
-#: reap_v4 picks them), with who held them and when the lease ended (worker/rescues.py).
+#: The jobs a reap now would rescue: held under an expired lease whose worker is gone, or by a
+#: worker whose connection is gone (as reap_v4 picks them), with who held them and when the
+#: lease ended (worker/rescues.py).
 JOBS_OF_GONE_WORKERS = (
+    "WITH d AS (SELECT postjob._dead_workers() AS ids) "
     "SELECT u.job_id AS id, u.workflow, u.lease_token, j.failed_attempts, "
-    "u.lease_expires_at AS expires_at, COALESCE(w.identifier, u.holder) AS holder "
-    "FROM postjob.unfinished u JOIN postjob.postjobs j ON j.id = u.job_id "
+    "u.lease_expires_at AS expires_at, COALESCE(w.identifier, u.holder) AS holder, "
+    "COALESCE(u.worker_id = ANY (d.ids), false) AS connection_gone "
+    "FROM d CROSS JOIN postjob.unfinished u JOIN postjob.postjobs j ON j.id = u.job_id "
     "LEFT JOIN postjob.workers w ON w.id = u.worker_id "
     "WHERE u.lease_token IS NOT NULL AND u.status IN ('ready', 'err', 'sleep') "
-    "AND u.lease_expires_at <= statement_timestamp() AND NOT EXISTS ("
+    "AND ((u.lease_expires_at <= statement_timestamp() AND NOT EXISTS ("
     "SELECT 1 FROM postjob.workers x WHERE x.id = u.worker_id "
-    "AND x.expires_at > statement_timestamp()) ORDER BY u.lease_expires_at, u.job_id LIMIT 1000"
+    "AND x.expires_at > statement_timestamp())) OR u.worker_id = ANY (d.ids)) "
+    "ORDER BY u.lease_expires_at, u.job_id LIMIT 1000"
 )
 #: Of those, the ones a reap rescued: no longer under that lease, with the attempt it cost
 #: counted (the same statement may have checked a retried one out again already).
@@ -100,6 +107,10 @@ WORKER_IDLE = (
     "%(versions)s::text[], %(queues)s::text[], %(reap)s::boolean)"
 )
 
+#: A wake-up this worker could not use (its checkout found nothing), passed on to a worker
+#: that was waiting when it was sent (:since, the notification's payload).
+WORKER_PASS_WAKEUP = "SELECT postjob.pass_wakeup_v1(%(worker_id)s::bigint, %(since)s::text)"
+
 #: Make due the waiting jobs of these workflows whose time has come (a transactional worker,
 #: on its own connection, before the transaction of its next job).
 WORKER_PROMOTE = "SELECT postjob._promote(%(workflows)s::text[], %(versions)s::text[])"
@@ -111,7 +122,8 @@ JOBS_STATUS_NOW = (
 
 #: Every worker hears this channel (a wake-up that found no worker waiting goes to all) ...
 WORKER_LISTEN = "LISTEN postjob_notifications"
-#: ... and one of its own (postjob._wake wakes the worker waiting longest on its channel).
+#: ... and one of its own (postjob._wake_for wakes, on its channel, the worker waiting longest
+#: among those that serve the new job).
 WORKER_LISTEN_OWN = "LISTEN postjob_worker_{worker_id:d}"
 #: The probe for a pooler in transaction mode (worker/pooler.py): a channel nobody notifies.
 POOLER_PROBE_LISTEN = "LISTEN postjob_pooler_probe"

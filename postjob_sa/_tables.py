@@ -29,7 +29,8 @@ from postjob_sa._schema_base import SCHEMA, Base, Status, status_type
 class Worker(Base):
     """A running worker, kept alive by its heartbeat: a row of ``postjob.workers``.
 
-    A job whose worker still beats is never presumed abandoned, whatever its own lease says.
+    A job whose worker still beats is never presumed abandoned, whatever its own lease says,
+    unless the worker's own direct connection is gone (its process died).
     """
 
     __tablename__ = "workers"
@@ -50,8 +51,13 @@ class Worker(Base):
     )
     #: the queues it serves; None: all
     queues: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
-    #: since when it waits for work (a new job wakes the worker waiting longest)
+    #: since when it waits for work (a new job wakes the one waiting longest that serves it)
     waiting_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: the version of each of its workflows, in their order (None: every version)
+    workflow_versions: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    #: its own connection's server process, when direct: once gone, the worker is dead
+    backend_pid: Mapped[int | None] = mapped_column(Integer)
+    backend_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = ({"schema": SCHEMA},)
 

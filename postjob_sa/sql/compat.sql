@@ -135,3 +135,15 @@ CREATE OR REPLACE FUNCTION postjob.worker_idle(
 RETURNS double precision LANGUAGE sql AS $$
   SELECT postjob.worker_idle_v2(NULL, p_workflows, p_versions, p_queues, p_reap)
 $$;
+
+-- -- pj0008 to pj0010 workers ---------------------------------------------------------------
+
+-- Their registration, which does not say the versions of their workflows: such a worker is
+-- taken to serve every version (see _serves).
+CREATE OR REPLACE FUNCTION postjob.register_worker(
+  p_identifier varchar, p_lease double precision, p_code_revision varchar,
+  p_workflows text[], p_queues text[])
+RETURNS bigint LANGUAGE sql AS $$
+  SELECT postjob.register_worker_v2(p_identifier, p_lease, p_code_revision, p_workflows, NULL,
+                                    p_queues)
+$$;

@@ -66,19 +66,80 @@ BEGIN
           v_run_at, COALESCE(v_run_at <= statement_timestamp(), false), NEW.timing_out_at,
           NEW.parent_id, CASE WHEN NEW.unique_key_held THEN NEW.unique_key END);
   IF v_run_at IS NOT NULL THEN
-    PERFORM postjob._wake(1);
+    PERFORM postjob._wake_for(1, NEW.workflow, NEW.workflow_version, NEW.queue);
   END IF;
   RETURN NULL;
 END;
 $$;
 
--- Wake idle workers: up to p_count of the workers waiting for work (the longest waiting
--- first) each get a notification on a channel of their own, so that one new job wakes one
--- worker, not every one. A worker marks itself waiting before its wait (worker_idle) and is
--- unmarked here; when fewer than p_count are waiting (all busy, or marked by a transaction
--- that has not committed), every listening worker is told on postjob_notifications instead,
--- so no wake-up is lost to a worker that is just going idle. Notifications go out when the
--- transaction commits.
+-- Whether a worker that registered these workflows (names), their versions (in the same
+-- order; NULL: not said, every version) and queues (NULL: all) serves jobs of (p_workflow,
+-- p_version, p_queue). A job of version '' runs on any version of its workflow.
+CREATE OR REPLACE FUNCTION postjob._serves(p_workflows text[], p_versions text[],
+                                           p_queues text[], p_workflow varchar,
+                                           p_version varchar, p_queue varchar)
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+  SELECT (p_queues IS NULL OR p_queue = ANY (p_queues))
+     AND p_workflow = ANY (p_workflows)
+     AND (p_version = '' OR p_versions IS NULL
+          OR EXISTS (SELECT 1 FROM unnest(p_workflows, p_versions) AS s(name, version)
+                     WHERE s.name = p_workflow AND s.version = p_version))
+$$;
+
+-- Whether jobs due now and not running include one that a worker registered with these
+-- workflows, versions and queues serves (a look at the due jobs of its workflows).
+CREATE OR REPLACE FUNCTION postjob._serves_due(p_workflows text[], p_versions text[],
+                                               p_queues text[])
+RETURNS boolean LANGUAGE sql STABLE AS $$
+  SELECT EXISTS (SELECT 1 FROM postjob.unfinished u
+                 WHERE u.workflow = ANY (p_workflows) AND u.due AND u.lease_token IS NULL
+                   AND postjob._serves(p_workflows, p_versions, p_queues, u.workflow,
+                                       u.workflow_version, u.queue))
+$$;
+
+-- Wake idle workers for p_count new jobs of (p_workflow, p_version, p_queue): up to p_count
+-- of the workers waiting for work that serve them (the longest waiting first) each get a
+-- notification on a channel of their own, so that one new job wakes one worker that can run
+-- it, not every one, and never one that cannot. A worker marks itself waiting before its
+-- wait (worker_idle) and is unmarked here; when fewer than p_count of those are waiting (all
+-- busy, or marked by a transaction that has not committed, or no worker is known to serve
+-- the jobs), every listening worker is told on postjob_notifications instead, so no wake-up
+-- is lost to a worker that is just going idle. Notifications go out when the transaction
+-- commits. A worker's notification carries when it was sent (epoch seconds): a worker that
+-- cannot use it passes it on with that moment (pass_wakeup_v1).
+CREATE OR REPLACE FUNCTION postjob._wake_for(p_count integer, p_workflow varchar,
+                                             p_version varchar, p_queue varchar)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  v_id bigint;
+  v_woken integer := 0;
+BEGIN
+  FOR v_id IN
+    UPDATE postjob.workers w SET waiting_since = NULL
+    WHERE w.id = ANY (ARRAY(
+      SELECT x.id FROM postjob.workers x
+      WHERE x.waiting_since IS NOT NULL AND x.expires_at > statement_timestamp()
+        AND postjob._serves(x.workflows, x.workflow_versions, x.queues, p_workflow,
+                            p_version, p_queue)
+      ORDER BY x.waiting_since LIMIT p_count
+      FOR NO KEY UPDATE SKIP LOCKED))
+    RETURNING w.id
+  LOOP
+    PERFORM pg_notify('postjob_worker_' || v_id,
+                      extract(epoch FROM statement_timestamp())::text);
+    v_woken := v_woken + 1;
+  END LOOP;
+  IF v_woken < p_count AND EXISTS (SELECT 1 FROM postjob.workers x
+                                   WHERE x.expires_at > statement_timestamp()) THEN
+    PERFORM pg_notify('postjob_notifications', '');
+  END IF;
+END;
+$$;
+
+-- Wake idle workers for p_count jobs that became runnable, when what they are is not at hand
+-- (a run's end that freed a place, a retry due at once, an event, a reset): as _wake_for,
+-- among the waiting workers that serve a job due now and not running (a look at the due jobs
+-- of each waiting worker's workflows, the longest waiting first, until p_count are found).
 CREATE OR REPLACE FUNCTION postjob._wake(p_count integer) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -90,16 +151,43 @@ BEGIN
     WHERE w.id = ANY (ARRAY(
       SELECT x.id FROM postjob.workers x
       WHERE x.waiting_since IS NOT NULL AND x.expires_at > statement_timestamp()
+        AND postjob._serves_due(x.workflows, x.workflow_versions, x.queues)
       ORDER BY x.waiting_since LIMIT p_count
       FOR NO KEY UPDATE SKIP LOCKED))
     RETURNING w.id
   LOOP
-    PERFORM pg_notify('postjob_worker_' || v_id, '');
+    PERFORM pg_notify('postjob_worker_' || v_id,
+                      extract(epoch FROM statement_timestamp())::text);
     v_woken := v_woken + 1;
   END LOOP;
   IF v_woken < p_count AND EXISTS (SELECT 1 FROM postjob.workers x
                                    WHERE x.expires_at > statement_timestamp()) THEN
     PERFORM pg_notify('postjob_notifications', '');
+  END IF;
+END;
+$$;
+
+-- A worker woken by a notification of its own (sent at p_since, its payload) whose checkout
+-- then found nothing to take (another worker took the job first, or the due jobs it serves
+-- cannot start now) passes the wake-up on: to the worker waiting longest among those that
+-- were waiting already when it was sent and serve a job due now. A woken worker waits again
+-- from a later moment, so a wake-up reaches each worker at most once.
+CREATE OR REPLACE FUNCTION postjob.pass_wakeup_v1(p_worker_id bigint, p_since text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  v_id bigint;
+BEGIN
+  UPDATE postjob.workers w SET waiting_since = NULL
+  WHERE w.id = (
+    SELECT x.id FROM postjob.workers x
+    WHERE x.waiting_since < to_timestamp(p_since::double precision)
+      AND x.id <> p_worker_id AND x.expires_at > statement_timestamp()
+      AND postjob._serves_due(x.workflows, x.workflow_versions, x.queues)
+    ORDER BY x.waiting_since LIMIT 1
+    FOR NO KEY UPDATE SKIP LOCKED)
+  RETURNING w.id INTO v_id;
+  IF v_id IS NOT NULL THEN
+    PERFORM pg_notify('postjob_worker_' || v_id, p_since);
   END IF;
 END;
 $$;
@@ -136,7 +224,7 @@ BEGIN
   VALUES (v_id, v_id, v_id::varchar, p_workflow, p_args, p_queue, p_max_attempts, p_timeout,
           v_timing_out_at, p_version, p_tags, v_run_at, p_priority, p_unique_key,
           p_unique_key IS NOT NULL, p_trace_context, true);
-  PERFORM postjob._wake(1);
+  PERFORM postjob._wake_for(1, p_workflow, p_version, p_queue);
   RETURN v_id;
 END;
 $$;

@@ -4,16 +4,44 @@
 -- A checkout's jobs hold their lease in their rows of postjob.unfinished: a worker's for as
 -- long as the worker beats (its row in postjob.workers; a beat writes that row only), one
 -- through the API until lease_expires_at. A job whose worker beats is never presumed
--- abandoned.
+-- abandoned, unless the worker's own connection, a direct one, is gone: a dead process's
+-- connection goes with it, and its jobs are rescued at the next reap, not at the lease's end.
 
-CREATE OR REPLACE FUNCTION postjob.register_worker(
+-- A worker's row: what it serves (its workflows, the version of each in the same order, its
+-- queues or NULL for all: a new job wakes only a worker that serves it, see _wake_for).
+CREATE OR REPLACE FUNCTION postjob.register_worker_v2(
   p_identifier varchar, p_lease double precision, p_code_revision varchar,
-  p_workflows text[], p_queues text[])
+  p_workflows text[], p_versions text[], p_queues text[])
 RETURNS bigint LANGUAGE sql AS $$
-  INSERT INTO postjob.workers (identifier, expires_at, code_revision, workflows, queues)
+  INSERT INTO postjob.workers (identifier, expires_at, code_revision, workflows,
+                               workflow_versions, queues)
   VALUES (p_identifier, statement_timestamp() + p_lease * interval '1 second',
-          p_code_revision, COALESCE(p_workflows, '{}'), p_queues)
+          p_code_revision, COALESCE(p_workflows, '{}'), p_versions, p_queues)
   RETURNING id
+$$;
+
+-- The worker's own connection is this session's, and direct (no pooler between them): from
+-- now on its jobs are rescued as soon as this server process is gone (_dead_workers). Called
+-- by the worker after it registered and after each reconnection.
+CREATE OR REPLACE FUNCTION postjob.worker_attach_v1(p_worker_id bigint) RETURNS void
+LANGUAGE sql AS $$
+  UPDATE postjob.workers SET backend_pid = pg_backend_pid(),
+    backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a)
+  WHERE id = p_worker_id
+$$;
+
+-- The workers presumed alive whose own direct connection is gone: no server process has its
+-- pid any more, or a new one does (another backend_start). A process whose backend_start this
+-- role may not see (another role's, without pg_read_all_stats) is taken to be alive. Workers
+-- behind a pooler record no connection: for them the lease rule alone holds.
+CREATE OR REPLACE FUNCTION postjob._dead_workers() RETURNS bigint[]
+LANGUAGE sql STABLE AS $$
+  SELECT ARRAY(
+    SELECT w.id FROM postjob.workers w
+    WHERE w.backend_pid IS NOT NULL AND w.expires_at > statement_timestamp()
+      AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(NULL) a
+                      WHERE a.pid = w.backend_pid
+                        AND (a.backend_start IS NULL OR a.backend_start = w.backend_start)))
 $$;
 
 CREATE OR REPLACE FUNCTION postjob.unregister_worker(p_worker_id bigint) RETURNS void
@@ -46,8 +74,9 @@ BEGIN
 END;
 $$;
 
--- Rescue and end what nobody will: the jobs whose lease's holder has gone (zombies: retried
--- at once, or failed with no attempts left) and the waiting jobs past their deadline
+-- Rescue and end what nobody will: the jobs whose lease's holder has gone (its lease ended
+-- with no heartbeat, or its connection is gone: zombies, retried at once, or failed with no
+-- attempts left) and the waiting jobs past their deadline
 -- (timeout), at most p_limit of each; free the places of jobs no longer running; forget
 -- workers gone for an hour. It waits for no row: what another transaction holds is left for
 -- the next call, and the families are told as a run's outcome tells them (_tell_family).
@@ -63,20 +92,35 @@ DECLARE
   v_stopped bigint[];
   v_stopped_tokens bigint[];
   v_timeouts bigint[];
+  v_dead bigint[];
   v_n integer;
   v_count integer := 0;
 BEGIN
+  -- a worker whose connection is gone is dead: it no longer counts as alive (its row is
+  -- left when another transaction holds it: a wake-up's), and the jobs it held are rescued
+  -- now, whatever their lease
+  v_dead := postjob._dead_workers();
+  IF cardinality(v_dead) > 0 THEN
+    UPDATE postjob.workers SET expires_at = v_now, waiting_since = NULL
+    WHERE id = ANY (ARRAY(SELECT x.id FROM postjob.workers x WHERE x.id = ANY (v_dead)
+                          FOR NO KEY UPDATE SKIP LOCKED));
+  END IF;
   SELECT array_agg(u.job_id) FILTER (WHERE u.status IN ('ready', 'err', 'sleep')),
          array_agg(u.lease_token) FILTER (WHERE u.status IN ('ready', 'err', 'sleep')),
-         array_agg('zombie: the lease expired (worker ' || COALESCE(w.identifier, u.holder, 'unknown')
-                   || ')') FILTER (WHERE u.status IN ('ready', 'err', 'sleep')),
+         array_agg(CASE WHEN u.worker_id = ANY (v_dead)
+                        THEN 'zombie: the connection of worker ' || w.identifier || ' is gone'
+                        ELSE 'zombie: the lease expired (worker '
+                             || COALESCE(w.identifier, u.holder, 'unknown') || ')' END)
+           FILTER (WHERE u.status IN ('ready', 'err', 'sleep')),
          array_agg(u.job_id) FILTER (WHERE u.status NOT IN ('ready', 'err', 'sleep')),
          array_agg(u.lease_token) FILTER (WHERE u.status NOT IN ('ready', 'err', 'sleep'))
     INTO v_zombies, v_tokens, v_messages, v_stopped, v_stopped_tokens
     FROM (SELECT u.* FROM postjob.unfinished u
-          WHERE u.lease_token IS NOT NULL AND u.lease_expires_at <= v_now
-            AND NOT EXISTS (SELECT 1 FROM postjob.workers w
-                            WHERE w.id = u.worker_id AND w.expires_at > v_now)
+          WHERE u.lease_token IS NOT NULL
+            AND ((u.lease_expires_at <= v_now
+                  AND NOT EXISTS (SELECT 1 FROM postjob.workers w
+                                  WHERE w.id = u.worker_id AND w.expires_at > v_now))
+                 OR u.worker_id = ANY (v_dead))
           ORDER BY u.lease_expires_at LIMIT p_limit) u
     LEFT JOIN postjob.workers w ON w.id = u.worker_id;
   v_n := COALESCE(cardinality(v_zombies), 0);
@@ -132,7 +176,8 @@ $$;
 -- work for it (0: now; NULL: nothing in sight): jobs it just made due, the next of its jobs
 -- to come due, the next start of a rate-limited queue where jobs of its wait, the next
 -- deadline, a second from now while ends are still to be told (postjob.wakeups), the moment
--- a lease would be presumed abandoned. Jobs due now that its checkout
+-- a lease would be presumed abandoned, two seconds from now while another worker with a
+-- direct connection holds jobs (its death is seen at the next reap). Jobs due now that its checkout
 -- did not take are another checkout's, or in a queue whose places are all taken (the end of
 -- a run there wakes a worker): nothing here reads them, so what lies in levels, queues or
 -- times it cannot take costs the wait nothing.
@@ -175,7 +220,13 @@ BEGIN
       WHERE u.lease_token IS NOT NULL AND u.worker_id IS NULL),
     (SELECT min(greatest(w.expires_at, u.lease_expires_at))
        FROM postjob.unfinished u JOIN postjob.workers w ON w.id = u.worker_id
-      WHERE u.lease_token IS NOT NULL)) - v_now
+      WHERE u.lease_token IS NOT NULL),
+    (SELECT v_now + interval '2 seconds'
+       FROM postjob.workers w
+      WHERE w.backend_pid IS NOT NULL AND w.id IS DISTINCT FROM p_worker_id
+        AND EXISTS (SELECT 1 FROM postjob.unfinished u
+                    WHERE u.worker_id = w.id AND u.lease_token IS NOT NULL)
+      LIMIT 1)) - v_now
   )::double precision;
 END;
 $$;

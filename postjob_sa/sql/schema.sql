@@ -260,8 +260,16 @@ CREATE TABLE postjob.workers (
   workflows      text[] NOT NULL DEFAULT '{}',
   queues         text[],
   -- since when the worker waits for work (it listens on postjob_worker_<id>): a new job
-  -- wakes the worker waiting longest, and clears this
-  waiting_since  timestamptz
+  -- wakes the worker waiting longest among those that serve it, and clears this
+  waiting_since  timestamptz,
+  -- the version of each of its workflows, in the order of workflows (NULL: not said, by a
+  -- worker of an earlier release: it is taken to serve every version)
+  workflow_versions  text[],
+  -- the server process of the worker's own connection, when it is direct (not through a
+  -- pooler): once that process has gone from pg_stat_activity (the pid, or a new process
+  -- under the same pid: backend_start), the worker is dead and its jobs are rescued at once
+  backend_pid    integer,
+  backend_start  timestamptz
 );
 
 -- A queue's limits. rate_slots, rate_counts and processing_ids are what the checkout of

@@ -276,12 +276,13 @@ BEGIN
              postjob._first_run_at('ready', a.workflow, NULL), a.workflow <> '__manual__',
              a.timing_out_at, p_parent_id
       FROM added a
-      RETURNING due
+      RETURNING due, workflow, workflow_version, queue
     )
-    SELECT count(*) FILTER (WHERE due) INTO v_added FROM queued;
-    IF v_added > 0 THEN
-      PERFORM postjob._wake(v_added);
-    END IF;
+    -- each group of children due now wakes workers that serve it
+    SELECT count(postjob._wake_for(g.n, g.workflow, g.workflow_version, g.queue))
+      INTO v_added
+      FROM (SELECT q.workflow, q.workflow_version, q.queue, count(*)::integer AS n
+            FROM queued q WHERE q.due GROUP BY 1, 2, 3) g;
   END IF;
   RETURN QUERY
   SELECT c.id, c.workflow, c.args,

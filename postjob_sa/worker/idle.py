@@ -56,6 +56,7 @@ class Idle:
         """A step of the loop did something: the next idle spell starts afresh."""
         self._misses = 0
         self.reaped = False
+        self.waker.handed = None  # the wake-up was of use
 
     def reap_at_checkout(self) -> bool:
         """Whether the coming checkout reaps: a busy worker's now and then; after a wait (not
@@ -95,8 +96,16 @@ class Idle:
         if reap:
             self._last_reap = now
         seen = rescues.look(conn) if reap else []
+        handed, self.waker.handed = self.waker.handed, None
+        if handed is not None and self.keeper.worker_id is not None:
+            # woken for a job, yet the checkout found nothing: another worker may use it
+            conn.scalar(_sql.WORKER_PASS_WAKEUP, {"worker_id": self.keeper.worker_id,
+                                                  "since": handed})
         self.waker.idle()  # first: a job that commits after the next statement wakes us
-        ttnj = conn.scalar(_sql.WORKER_IDLE, self._params(reap))
+        params = self._params(reap)
+        if not can_take:  # no free place: not marked waiting, a new job wakes another worker
+            params["worker_id"] = None
+        ttnj = conn.scalar(_sql.WORKER_IDLE, params)
         rescues.report(conn, seen)
         if ttnj is not None and ttnj <= 0 and can_take:
             # due now, yet the checkout found nothing to take: its row is locked by another

@@ -11,7 +11,9 @@ wait for a row lock that another transaction holds, and a heartbeat must never w
 only the worker's own row and extends the leases of the job rows it can lock at once.
 
 A job whose worker beats is never reaped; a worker whose heartbeat could not reach the database
-for a whole lease is presumed dead, its jobs are rescued, and the keeper reports them as lost.
+for a whole lease is presumed dead, its jobs are rescued, and the keeper reports them as lost. A
+worker whose connection is direct says which one is its own (:meth:`Keeper.attach`): once that
+connection is gone (the process died), its jobs are rescued at the next reap.
 
 Duties of other modules start and stop with these (``companions``: the upkeep of the hot
 tables, ``postjob_sa.worker.upkeep``).
@@ -108,7 +110,8 @@ class Keeper:
 
     def __init__(self, engine: Engine, recorder: Recorder, *, lease: float, identifier: str,
                  revision: str, workflows: list[str], queues: list[str] | None,
-                 pooled: bool = False, companions: Sequence[Companion] = ()):
+                 versions: list[str] | None = None, pooled: bool = False,
+                 companions: Sequence[Companion] = ()):
         self.engine = engine
         self.recorder = recorder
         self.held: HeldJobs = recorder.held
@@ -116,8 +119,11 @@ class Keeper:
         self.interval = lease / 3.0
         self.identifier = identifier
         self._registration = {"identifier": identifier, "lease": lease, "revision": revision,
-                              "workflows": workflows, "queues": queues}
+                              "workflows": workflows, "versions": versions, "queues": queues}
         self.worker_id: int | None = None
+        self.pooled = pooled
+        # the connection (and worker id) the database knows as the worker's own (attach)
+        self._attached: tuple[Conn | None, int | None] = (None, None)
         self._beat_lock = threading.Lock()  # one beat at a time
         self._next_beat = float("inf")
         # the loop beats on time when it is free; the heartbeat duty steps in when it is late
@@ -134,6 +140,17 @@ class Keeper:
     def register(self, conn: Conn) -> None:
         self.worker_id = int(conn.scalar(_sql.WORKER_REGISTER, self._registration))
         self._next_beat = time.monotonic() + self.interval
+
+    def attach(self, conn: Conn) -> None:
+        """``conn`` is the worker's own connection (its loop's): when it is direct, the
+        database presumes the worker dead as soon as that connection is gone, and rescues its
+        jobs then rather than at the end of their lease. Said once per connection and id."""
+        if self.pooled or self.worker_id is None:
+            return  # behind a pooler the server's process is not the worker's: leases alone
+        if self._attached[0] is conn and self._attached[1] == self.worker_id:
+            return
+        conn.scalar(_sql.WORKER_ATTACH, {"worker_id": self.worker_id})
+        self._attached = (conn, self.worker_id)
 
     def unregister(self, conn: Conn | None) -> None:
         if self.worker_id is None or conn is None or conn.closed:

@@ -67,7 +67,8 @@ class Worker:
         self.keeper = Keeper(
             engine, self.recorder, lease=options.lease, identifier=options.identifier,
             revision=head_revision(), workflows=self.lease_pairs[0] + self.tx_pairs[0],
-            queues=options.queues, pooled=pooled, companions=[Upkeep(engine, options)],
+            versions=self.lease_pairs[1] + self.tx_pairs[1], queues=options.queues,
+            pooled=pooled, companions=[Upkeep(engine, options)],
         )
         # periodic workflows: ticked by long-running workers (not by drain/step)
         self.scheduler = Scheduler(registry, [] if options.until_idle else options.workflows)
@@ -112,6 +113,7 @@ class Worker:
                 self._connect()
                 assert self.conn is not None
                 self.keeper.register(self.conn)
+                self.keeper.attach(self.conn)
                 self.waker.own_channel(self.conn, self.keeper.worker_id)
                 self.scheduler.register(self.conn)
                 self.unknown.check(self.conn)
@@ -176,6 +178,7 @@ class Worker:
                 self._connect()
                 assert self.conn is not None
                 self.keeper.beat_if_due(self.conn)
+                self.keeper.attach(self.conn)  # again after a reconnection or registration
                 if self.waker.private and self.waker.worker_id != self.keeper.worker_id:
                     self.waker.own_channel(self.conn, self.keeper.worker_id)  # registered anew
                 self.scheduler.tick_if_due(self.conn)

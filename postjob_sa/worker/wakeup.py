@@ -5,8 +5,9 @@ Three sources, one interface (:class:`Waker`):
 - :class:`ListenWaker`: LISTEN on the worker's own connection (the default), or on a direct
   connection of its own when work goes through a pooler: on a channel of its own
   (``postjob_worker_<id>``), on which a new job wakes the one worker that has waited longest
-  (``postjob._wake``), and on ``postjob_notifications``, which every worker hears when no
-  worker was waiting.
+  among those that serve its queue, workflow and version (``postjob._wake_for``: what a worker
+  serves is in its row of ``postjob.workers``), and on ``postjob_notifications``, which every
+  worker hears when no such worker was waiting.
 - :class:`RelayWaker`: a worker process under the supervisor of ``postjob run --processes N``.
   The supervisor alone listens (one connection per host) and wakes one idle child per
   notification over a socket; the child tells it when it goes idle and when its checkout came
@@ -59,6 +60,9 @@ class Waker:
     #: waits, and a new job wakes it alone), and the worker id of that channel
     private = False
     worker_id: int | None = None
+    #: when the wake-up that ended the last wait was sent (its payload), while the worker may
+    #: still pass it on (it found nothing to take: see Idle.wait)
+    handed: str | None = None
 
     def attach(self, conn: Conn) -> None:
         """The worker (re)connected: get ready to notice jobs from now on."""
@@ -137,10 +141,23 @@ class ListenWaker(Waker):
 
     def wait(self, conn: Conn, timeout: float, stop_fd: int) -> bool:
         listening = conn if self._own is None else self._own
-        return self._woken(listening.wait(timeout, stop_fd))
+        woken = listening.wait(timeout, stop_fd)
+        self.handed = _latest(listening.take_payloads()) if woken else None
+        return self._woken(woken)
 
     def close(self) -> None:
         self.reset()
+
+
+def _latest(payloads: list[str]) -> str | None:
+    """The latest moment (epoch seconds) the payloads of a worker's wake-ups name."""
+    stamps: list[tuple[float, str]] = []
+    for payload in payloads:
+        try:
+            stamps.append((float(payload), payload))
+        except ValueError:
+            continue
+    return max(stamps)[1] if stamps else None
 
 
 class PollWaker(Waker):

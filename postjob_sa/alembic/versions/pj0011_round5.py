@@ -5,7 +5,8 @@ Revises: pj0010
 Create Date: 2026-12-07
 
 Installs the live function files (pj0010's are frozen in ``postjob_sa/sql/history/pj0010/``)
-in one short transaction; pj0008's code is still served. What changed is in the live files'
+in one short transaction, with three columns of ``postjob.workers`` (what a worker serves, its
+connection); pj0008's code is still served. What changed is in the live files'
 history and in CHANGELOG.md.
 """
 
@@ -26,16 +27,27 @@ CREATE OR REPLACE FUNCTION postjob.oldest_served_code() RETURNS text
 LANGUAGE sql IMMUTABLE AS $$ SELECT 'pj0008'::text $$;
 """
 
-# Function bodies only: no table lock is needed to replace them (a call under way finishes on
-# the body it began with, the next one runs the new body).
+# No table lock is needed to replace the function bodies (a call under way finishes on the
+# body it began with, the next one runs the new body); the columns of postjob.workers are
+# added first.
 BEGIN = r"""
 SET LOCAL lock_timeout = '10s';
 SET LOCAL check_function_bodies = off
 """
 
 
+# What a worker serves (the versions of its workflows: a new job wakes only a worker that
+# serves it) and its own connection's server process (gone: the worker is dead, its jobs are
+# rescued at once). Columns with no default: no rewrite, a moment's lock of postjob.workers.
+WORKERS_UP = r"""
+ALTER TABLE postjob.workers ADD COLUMN workflow_versions text[],
+  ADD COLUMN backend_pid integer, ADD COLUMN backend_start timestamptz
+"""
+
+
 def upgrade() -> None:
-    own_transaction_retried("\n;\n".join([BEGIN, *_sql_files.functions("pj0011"), VERSION]))
+    own_transaction_retried("\n;\n".join([BEGIN, WORKERS_UP, *_sql_files.functions("pj0011"),
+                                          VERSION]))
 
 
 # -- downgrade: back to pj0010 exactly -------------------------------------------------------
@@ -51,6 +63,20 @@ DROP FUNCTION postjob._history_narrow(text, bigint, bigint, bigint, bigint)
 """
 
 
+WORKERS_DOWN = r"""
+DROP FUNCTION postjob.register_worker_v2(varchar, double precision, varchar, text[], text[],
+                                         text[]);
+DROP FUNCTION postjob.worker_attach_v1(bigint);
+DROP FUNCTION postjob._dead_workers();
+DROP FUNCTION postjob._wake_for(integer, varchar, varchar, varchar);
+DROP FUNCTION postjob.pass_wakeup_v1(bigint, text);
+DROP FUNCTION postjob._serves_due(text[], text[], text[]);
+DROP FUNCTION postjob._serves(text[], text[], text[], varchar, varchar, varchar);
+ALTER TABLE postjob.workers DROP COLUMN workflow_versions, DROP COLUMN backend_pid,
+  DROP COLUMN backend_start
+"""
+
+
 def downgrade() -> None:
     own_transaction_retried("\n;\n".join([BEGIN, *_sql_files.functions("pj0010"),
-                                          DROP_ADDED, VERSION_DOWN]))
+                                          DROP_ADDED, WORKERS_DOWN, VERSION_DOWN]))
