@@ -5,7 +5,8 @@ Revises: pj0010
 Create Date: 2026-12-07
 
 Installs the live function files (pj0010's are frozen in ``postjob_sa/sql/history/pj0010/``)
-in one short transaction, with three columns of ``postjob.workers`` (what a worker serves, its
+in one short transaction that locks the tables they write, with three columns of
+``postjob.workers`` (what a worker serves, its
 connection); pj0008's code is still served. What changed is in the live files'
 history and in CHANGELOG.md.
 """
@@ -27,12 +28,21 @@ CREATE OR REPLACE FUNCTION postjob.oldest_served_code() RETURNS text
 LANGUAGE sql IMMUTABLE AS $$ SELECT 'pj0008'::text $$;
 """
 
-# No table lock is needed to replace the function bodies (a call under way finishes on the
-# body it began with, the next one runs the new body); the columns of postjob.workers are
-# added first.
+# The bodies are replaced while the record is locked: every worker's call reads or writes it,
+# so a call runs wholly on the old bodies before the step or on the new ones after it (the
+# upgrade window, tests/reliability/upgrade_window.py, holds the step). postjob.unfinished is
+# not locked: an enqueue of the release before holds it while it waits for the record, and
+# this step would close a cycle with it. postjob.workers (its columns) comes next, with a
+# lock_timeout shorter than the server's deadlock_timeout, so that against a call that holds
+# it and waits for the record the step gives up first and is tried again
+# (own_transaction_retried), never the caller.
 BEGIN = r"""
 SET LOCAL lock_timeout = '10s';
-SET LOCAL check_function_bodies = off
+SET LOCAL check_function_bodies = off;
+LOCK TABLE postjob.postjobs IN ACCESS EXCLUSIVE MODE;
+SET LOCAL lock_timeout = '400ms';
+LOCK TABLE postjob.workers IN ACCESS EXCLUSIVE MODE;
+SET LOCAL lock_timeout = '10s'
 """
 
 
@@ -47,7 +57,7 @@ ALTER TABLE postjob.workers ADD COLUMN workflow_versions text[],
 
 def upgrade() -> None:
     own_transaction_retried("\n;\n".join([BEGIN, WORKERS_UP, *_sql_files.functions("pj0011"),
-                                          VERSION]))
+                                          VERSION]), tries=20)
 
 
 # -- downgrade: back to pj0010 exactly -------------------------------------------------------
@@ -79,4 +89,4 @@ ALTER TABLE postjob.workers DROP COLUMN workflow_versions, DROP COLUMN backend_p
 
 def downgrade() -> None:
     own_transaction_retried("\n;\n".join([BEGIN, *_sql_files.functions("pj0010"),
-                                          DROP_ADDED, WORKERS_DOWN, VERSION_DOWN]))
+                                          DROP_ADDED, WORKERS_DOWN, VERSION_DOWN]), tries=20)
