@@ -1,0 +1,119 @@
+"""The overview's "settled in the last hour": counted per minute as outcomes are recorded
+(issue 37 item 8), never by reading the jobs settled in the hour."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+from postjob_sa import JobQueue
+from postjob_sa.web import queries
+from tests.web_data import APPROVERS, flaky, noop, order
+
+pytestmark = pytest.mark.both_drivers
+
+FINAL = ("ok", "failed", "timeout", "cancelled")
+#: What the record says settled in the last hour, by queue and status.
+RECORD_LAST_HOUR = text(
+    "SELECT queue, status::text AS status, count(*) AS jobs FROM postjob.postjobs "
+    "WHERE status IN ('ok', 'failed', 'timeout', 'cancelled') "
+    "AND updated_at > now() - interval '60 minutes' GROUP BY 1, 2")
+
+
+def shown(engine: Engine) -> Counter[tuple[str, str]]:
+    with queries.reading(engine) as conn:
+        rows = queries.throughput(conn)
+    assert all(0 <= r.minutes_ago < 60 for r in rows)
+    out: Counter[tuple[str, str]] = Counter()
+    for r in rows:
+        out[(r.queue, r.status)] += int(r.jobs)
+    return out
+
+
+def recorded(engine: Engine) -> Counter[tuple[str, str]]:
+    with engine.connect() as conn:
+        return Counter({(r.queue, r.status): int(r.jobs) for r in conn.execute(RECORD_LAST_HOUR)})
+
+
+def test_every_way_a_job_settles_is_counted(engine: Engine, clean: None) -> None:
+    """ok (a root, children, a manual step resolved, a job forced), failed, timeout (the
+    reaper, and the descendants of a cancelled tree) and cancelled: the overview's counts
+    equal what the record says settled in the last hour."""
+    APPROVERS.clear()
+    with Session(engine) as s:
+        q = JobQueue(s, fast_mode=True)
+        q.enqueue(noop, 1, queue="plain")
+        q.enqueue(flaky, "the mail server", queue="plain")
+        tree = q.enqueue(order, 7, queue="trees").id  # children ok, then waits for a person
+        doomed = q.enqueue(order, 8, queue="trees").id  # cancelled while it waits
+        tomorrow = datetime.now(timezone.utc) + timedelta(days=1)
+        late = q.enqueue(noop, 2, queue="late", timeout=3600, run_at=tomorrow).id
+        later = q.enqueue(noop, 3, queue="late", run_at=tomorrow).id
+        s.commit()
+        q.drain()
+        assert len(APPROVERS) == 2
+        q.resolve(APPROVERS[0], "bob")  # the manual step of the first order: ok
+        s.commit()
+        q.drain()  # the order ends ok
+        q.cancel(doomed)  # the second order and its manual step: cancelled
+        s.commit()
+        q.force(later)  # due now, then run: ok
+        s.commit()
+        q.drain()
+        s.execute(text("UPDATE postjob.unfinished SET timing_out_at = now() - interval '1 second' "
+                       "WHERE job_id = :id"), {"id": late})
+        s.execute(text("SELECT postjob.reap_v4()"))  # past its deadline: timeout
+        s.commit()
+    assert {status for _, status in recorded(engine)} == set(FINAL)
+    assert shown(engine) == recorded(engine)
+    with engine.connect() as conn:
+        statuses = dict(conn.execute(text(
+            "SELECT id, status::text FROM postjob.postjobs WHERE id IN (:a, :b)"),
+            {"a": tree, "b": doomed}).all())
+    assert statuses == {tree: "ok", doomed: "cancelled"}
+
+
+def overview_buffers(engine: Engine) -> int:
+    """The shared buffers the overview's last-hour statement reads (hit or read)."""
+    with engine.connect() as conn:
+        plan = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                                 + str(queries.THROUGHPUT_LAST_HOUR))).scalar_one()
+    top = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
+
+
+def settle_many(engine: Engine, n: int) -> None:
+    """n finished jobs settled a minute ago, as a worker's batches settle them (checked out
+    through the API, recorded by postjob.finish_v4)."""
+    with Session(engine) as s:
+        q = JobQueue(s)
+        q.enqueue_many(noop, [[i] for i in range(n)], queue="bulk")
+        s.commit()
+        while True:
+            jobs = q.checkout(["web.noop"], limit=500)
+            if not jobs:
+                break
+            s.execute(text(
+                "SELECT count(*) FROM postjob.finish_v4(CAST(:ids AS bigint[]), "
+                "CAST(:tokens AS bigint[]), array_fill(CAST('[null]' AS jsonb), ARRAY[:n]), "
+                "array_fill(''::text, ARRAY[:n]), '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', "
+                "'{}', '{}', '{}')"),
+                {"ids": [j.id for j in jobs], "tokens": [j.lease_token for j in jobs],
+                 "n": len(jobs)})
+            s.commit()
+
+
+def test_the_last_hour_reads_no_more_as_more_jobs_settle(engine: Engine, clean: None) -> None:
+    """The overview's count of the last hour reads what does not grow with the jobs settled
+    in it: the same buffers after 500 jobs and after 5,000."""
+    settle_many(engine, 500)
+    small = overview_buffers(engine)
+    settle_many(engine, 4500)
+    large = overview_buffers(engine)
+    assert shown(engine)[("bulk", "ok")] == 5000
+    assert large <= small + 3, (small, large)
