@@ -7,8 +7,9 @@ What serves each statement at 1,000,000 jobs (bench/web.py measures it):
 * unfinished jobs (ready, err, sleep, manual steps, running): the narrow
   ``postjob.unfinished`` table, which holds nothing else;
 * failed, timed-out and cancelled jobs: ``postjobs_errors_idx`` (each of them has an error);
-* the throughput of the last hour reads the jobs table (no index is kept per finished job for
-  it: the hot path would pay for it on every job);
+* the throughput of the last hour: the per-minute counts the outcomes keep
+  (``postjob.settled_counts``), at most 60 minutes of rows a queue and status, whatever the
+  number of jobs settled in it;
 * ok jobs are counted up to :data:`OK_COUNT_CAP` and estimated beyond it;
 * lists page by id (keyset, newest first) inside a bounded window of ids, so a filter that
   matches nothing still reads at most :data:`LIST_WINDOW` rows per page;
@@ -75,12 +76,12 @@ JOBS_ESTIMATE = text(
     "WHERE i.inhparent = CAST('postjob.postjobs' AS regclass)"
 )
 
-#: Settled jobs per minute of the last hour (0 = the current minute), queue and status.
+#: Settled jobs per minute of the last hour (0 = the current minute), queue and status: the
+#: counts the outcomes keep (postjob.settled_counts, a few rows a minute), not the jobs.
 THROUGHPUT_LAST_HOUR = text(
-    "SELECT floor(extract(epoch FROM now() - updated_at) / 60)::int AS minutes_ago, "
-    "queue, status::text AS status, count(*) AS jobs FROM postjob.postjobs "
-    "WHERE status IN ('ok', 'failed', 'timeout', 'cancelled') AND updated_at > now() - interval '60 minutes' "
-    "GROUP BY 1, 2, 3"
+    "SELECT floor((extract(epoch FROM now()) - extract(epoch FROM minute)) / 60)::int "
+    "AS minutes_ago, queue, status::text AS status, sum(n)::bigint AS jobs "
+    "FROM postjob.settled_counts WHERE minute > now() - interval '60 minutes' GROUP BY 1, 2, 3"
 )
 
 #: Per queue (of :queues), the job that has been due the longest (postjob.unfinished holds

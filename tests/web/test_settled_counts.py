@@ -12,7 +12,10 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from postjob_sa import JobQueue
+from postjob_sa._db import Conn
 from postjob_sa.web import queries
+from postjob_sa.worker.options import WorkerOptions
+from postjob_sa.worker.upkeep import Upkeep
 from tests.web_data import APPROVERS, flaky, noop, order
 
 pytestmark = pytest.mark.both_drivers
@@ -117,3 +120,40 @@ def test_the_last_hour_reads_no_more_as_more_jobs_settle(engine: Engine, clean: 
     large = overview_buffers(engine)
     assert shown(engine)[("bulk", "ok")] == 5000
     assert large <= small + 3, (small, large)
+
+
+def test_the_upkeep_folds_closed_minutes_and_drops_old_ones_waiting_for_no_row(
+        engine: Engine, clean: None) -> None:
+    """Closed minutes become one row per queue and status (shard 0), the minutes past two
+    hours go, the minute under way is left to its writers, and a row another transaction
+    holds is left for the next fold: the fold waits for none, and the hour reads the same."""
+    with engine.begin() as conn:
+        now = conn.execute(text(
+            "SELECT to_timestamp(floor(extract(epoch FROM now()) / 60) * 60)")).scalar_one()
+        conn.execute(text(
+            "INSERT INTO postjob.settled_counts (minute, queue, status, shard, n) "
+            "SELECT CAST(:now AS timestamptz) - m * interval '1 minute', 'a', "
+            "CAST(s AS postjob.statuses), shard, n FROM (VALUES (0, 'ok', 101, 1), "
+            "(3, 'ok', 101, 2), (3, 'ok', 102, 3), (3, 'failed', 103, 4), (4, 'ok', 104, 5), "
+            "(180, 'ok', 0, 6), (180, 'ok', 105, 7)) AS v(m, s, shard, n)"), {"now": now})
+    before = shown(engine)
+    assert before == Counter({("a", "ok"): 11, ("a", "failed"): 4})
+    upkeep = Upkeep(engine, WorkerOptions(identifier="fold-test"))
+    holder = engine.connect()
+    try:
+        holder.execute(text("SELECT 1 FROM postjob.settled_counts WHERE shard = 104 FOR UPDATE"))
+        conn = Conn.open(engine, name="fold test")
+        try:
+            conn.rows("SET lock_timeout = '5s'")  # a fold that waited would fail: left unfolded
+            upkeep.look(conn)
+        finally:
+            conn.close()
+    finally:
+        holder.rollback()
+        holder.close()
+    with engine.connect() as c:
+        rows = sorted((int(r.ago), r.status, int(r.shard), int(r.n)) for r in c.execute(text(
+            "SELECT extract(epoch FROM CAST(:now AS timestamptz) - minute) / 60 AS ago, "
+            "status::text AS status, shard, n FROM postjob.settled_counts"), {"now": now}))
+    assert rows == [(0, "ok", 101, 1), (3, "failed", 0, 4), (3, "ok", 0, 5), (4, "ok", 104, 5)]
+    assert shown(engine) == before

@@ -7,6 +7,10 @@ Create Date: 2026-12-07
 Installs the live function files (pj0010's are frozen in ``postjob_sa/sql/history/pj0010/``)
 in one short transaction; pj0008's code is still served. What changed is in the live files'
 history and in CHANGELOG.md.
+
+``postjob.settled_counts`` (the jobs settled per minute, queue and status: what the
+dashboard's last hour reads) is created and filled from the record's last hour, in the same
+transaction as the function bodies that keep it from then on.
 """
 
 from __future__ import annotations
@@ -34,8 +38,34 @@ SET LOCAL check_function_bodies = off
 """
 
 
+SETTLED_COUNTS = r"""
+CREATE TABLE postjob.settled_counts (
+  minute  timestamptz NOT NULL,
+  queue   varchar NOT NULL,
+  status  postjob.statuses NOT NULL,
+  shard   integer NOT NULL,
+  n       bigint NOT NULL,
+  PRIMARY KEY (minute, queue, status, shard)
+) WITH (fillfactor = 50);
+ALTER TABLE postjob.settled_counts SET (autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0)
+"""
+
+# After the function bodies that count from now on: what settled in the last hour before
+# them, read from the record (its jobs' last update), as the closed minutes' rows (shard 0).
+SETTLED_COUNTS_SEED = r"""
+INSERT INTO postjob.settled_counts (minute, queue, status, shard, n)
+SELECT to_timestamp(floor(extract(epoch FROM updated_at) / 60) * 60), queue, status, 0, count(*)
+FROM postjob.postjobs
+WHERE status IN ('ok', 'failed', 'timeout', 'cancelled')
+  AND updated_at > statement_timestamp() - interval '61 minutes'
+GROUP BY 1, 2, 3
+"""
+
+
 def upgrade() -> None:
-    own_transaction_retried("\n;\n".join([BEGIN, *_sql_files.functions("pj0011"), VERSION]))
+    own_transaction_retried("\n;\n".join([BEGIN, SETTLED_COUNTS, *_sql_files.functions("pj0011"),
+                                          SETTLED_COUNTS_SEED, VERSION]))
 
 
 # -- downgrade: back to pj0010 exactly -------------------------------------------------------
@@ -46,6 +76,13 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT 'pj0010'::text $$;
 """
 
 
+SETTLED_COUNTS_DROP = r"""
+DROP FUNCTION postjob._count_settled(varchar[], postjob.statuses[]);
+DROP FUNCTION postjob._settled_counts_fold();
+DROP TABLE postjob.settled_counts
+"""
+
+
 def downgrade() -> None:
     own_transaction_retried("\n;\n".join([BEGIN, *_sql_files.functions("pj0010"),
-                                          VERSION_DOWN]))
+                                          SETTLED_COUNTS_DROP, VERSION_DOWN]))
