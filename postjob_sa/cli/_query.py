@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from postjob_sa.errors import JobNotFound
 from postjob_sa.models import Job
+from postjob_sa._schema_base import errored_only
 
 from . import _statements as sql
 
@@ -42,7 +43,8 @@ def list_jobs(
     limit: int = 100,
 ) -> Listing:
     """Root jobs newest first; with ids, the subtrees under those jobs in tree order."""
-    params: dict[str, Any] = {"tags": tags_json, "statuses": statuses, "limit": limit + 1}
+    params: dict[str, Any] = {"tags": tags_json, "statuses": statuses, "limit": limit + 1,
+                              "errored": errored_only(statuses)}
     if ids:
         require_jobs(conn, ids)
         result = conn.execute(sql.JOB_SUBTREES, {**params, "ids": ids})

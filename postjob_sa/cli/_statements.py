@@ -25,6 +25,7 @@ ROOT_JOBS_LIST = text(
     "FROM postjob.jobs j WHERE j.parent_id IS NULL AND "
     "(CAST(:tags AS jsonb) IS NULL OR j.tags @> CAST(:tags AS jsonb)) "
     "AND (CAST(:statuses AS text[]) IS NULL OR j.status::text = ANY(CAST(:statuses AS text[]))) "
+    "AND (NOT CAST(:errored AS boolean) OR j.error IS NOT NULL) "
     "ORDER BY j.id DESC LIMIT :limit"
 )
 

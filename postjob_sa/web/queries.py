@@ -6,7 +6,8 @@ What serves each statement at 1,000,000 jobs (bench/web.py measures it):
 
 * unfinished jobs (ready, err, sleep, manual steps, running): the narrow
   ``postjob.unfinished`` table, which holds nothing else;
-* failed, timed-out and cancelled jobs: ``postjobs_errors_idx`` (each of them has an error);
+* failed, timed-out and cancelled jobs: ``postjobs_errors_idx`` (each of them has an error),
+  in the counts and in a list of those statuses only;
 * the throughput of the last hour: the per-minute counts the outcomes keep
   (``postjob.settled_counts``), at most 60 minutes of rows a queue and status, whatever the
   number of jobs settled in it;
@@ -32,6 +33,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from postjob_sa import _hot_tables, _session_sql
+from postjob_sa._schema_base import errored_only
 
 #: ok jobs are counted exactly up to this many; beyond it the table's statistics estimate.
 OK_COUNT_CAP = 50_000
@@ -146,7 +148,10 @@ JOBS_STRANDED = text(
 
 # -- jobs list -------------------------------------------------------------------------------
 
-#: One page of jobs, newest first, below the cursor :before and at or above :floor.
+#: One page of jobs, newest first, below the cursor :before and at or above :floor. With
+#: :errored (only failed, timed-out or cancelled jobs asked for: each has an error), the
+#: record is read through postjobs_errors_idx, newest first: a page reads the jobs with an
+#: error above it, not every job.
 JOBS_PAGE = text(
     "SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
     "j.workflow, j.workflow_version, j.status::text AS status, j.next_run_at, "
@@ -155,6 +160,7 @@ JOBS_PAGE = text(
     "WHERE j.id < :before AND j.id >= :floor "
     "AND (CAST(:statuses AS postjob.statuses[]) IS NULL "
     "     OR j.status = ANY(CAST(:statuses AS postjob.statuses[]))) "
+    "AND (NOT CAST(:errored AS boolean) OR j.error IS NOT NULL) "
     "AND (CAST(:queue AS text) IS NULL OR j.queue = CAST(:queue AS text)) "
     "AND (CAST(:workflow AS text) IS NULL OR j.workflow = CAST(:workflow AS text)) "
     "AND (CAST(:tags AS jsonb) IS NULL OR j.tags @> CAST(:tags AS jsonb)) "
@@ -359,6 +365,7 @@ def jobs_page(conn: Connection, flt: JobFilter, before: int | None, limit: int) 
         {
             "before": upper, "floor": floor, "statuses": flt.statuses, "queue": flt.queue,
             "workflow": flt.workflow, "tags": flt.tags_json, "limit": limit,
+            "errored": errored_only(flt.statuses),
         },
     )
     full = len(rows) == limit
