@@ -43,13 +43,13 @@ def list_jobs(
     limit: int = 100,
 ) -> Listing:
     """Root jobs newest first; with ids, the subtrees under those jobs in tree order."""
-    params: dict[str, Any] = {"tags": tags_json, "statuses": statuses, "limit": limit + 1,
-                              "errored": errored_only(statuses)}
+    params: dict[str, Any] = {"tags": tags_json, "statuses": statuses, "limit": limit + 1}
     if ids:
         require_jobs(conn, ids)
         result = conn.execute(sql.JOB_SUBTREES, {**params, "ids": ids})
     else:
-        result = conn.execute(sql.ROOT_JOBS_LIST, params)
+        roots = sql.ROOT_JOBS_LIST_ERRORED if errored_only(statuses) else sql.ROOT_JOBS_LIST
+        result = conn.execute(roots, params)
     rows = [dict(r) for r in result.mappings()]
     more = len(rows) > limit
     rows = rows[:limit]

@@ -148,10 +148,7 @@ JOBS_STRANDED = text(
 
 # -- jobs list -------------------------------------------------------------------------------
 
-#: One page of jobs, newest first, below the cursor :before and at or above :floor. With
-#: :errored (only failed, timed-out or cancelled jobs asked for: each has an error), the
-#: record is read through postjobs_errors_idx, newest first: a page reads the jobs with an
-#: error above it, not every job.
+#: One page of jobs, newest first, below the cursor :before and at or above :floor.
 JOBS_PAGE = text(
     "SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
     "j.workflow, j.workflow_version, j.status::text AS status, j.next_run_at, "
@@ -160,11 +157,33 @@ JOBS_PAGE = text(
     "WHERE j.id < :before AND j.id >= :floor "
     "AND (CAST(:statuses AS postjob.statuses[]) IS NULL "
     "     OR j.status = ANY(CAST(:statuses AS postjob.statuses[]))) "
-    "AND (NOT CAST(:errored AS boolean) OR j.error IS NOT NULL) "
     "AND (CAST(:queue AS text) IS NULL OR j.queue = CAST(:queue AS text)) "
     "AND (CAST(:workflow AS text) IS NULL OR j.workflow = CAST(:workflow AS text)) "
     "AND (CAST(:tags AS jsonb) IS NULL OR j.tags @> CAST(:tags AS jsonb)) "
     "ORDER BY j.id DESC LIMIT :limit"
+)
+
+#: The same page when only final statuses that carry an error are asked for (failed, timeout,
+#: cancelled): the record's jobs with an error, newest first through postjobs_errors_idx (a
+#: final job's status is the record's), filtered as they come until the page is full, then
+#: those jobs from the view: a page reads the jobs with an error above it, not every job.
+#: The fence (OFFSET 0) keeps the filters out of the ordered scan: the planner, taking the
+#: error and the status for independent, expects a few rows and would sort them all.
+JOBS_PAGE_ERRORED = text(
+    "SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
+    "j.workflow, j.workflow_version, j.status::text AS status, j.next_run_at, "
+    "j.failed_attempts, j.max_attempts, j.error, j.error_message, j.workflow_status, j.tags, "
+    "left(j.args::text, 160) AS args_text FROM ("
+    "  SELECT e.id FROM ("
+    "    SELECT r.id, r.status, r.queue, r.workflow, r.tags FROM postjob.postjobs r "
+    "    WHERE r.error IS NOT NULL AND r.id < :before AND r.id >= :floor "
+    "    ORDER BY r.id DESC OFFSET 0) e "
+    "  WHERE e.status = ANY(CAST(:statuses AS postjob.statuses[])) "
+    "  AND (CAST(:queue AS text) IS NULL OR e.queue = CAST(:queue AS text)) "
+    "  AND (CAST(:workflow AS text) IS NULL OR e.workflow = CAST(:workflow AS text)) "
+    "  AND (CAST(:tags AS jsonb) IS NULL OR e.tags @> CAST(:tags AS jsonb)) "
+    "  ORDER BY e.id DESC LIMIT :limit) f "
+    "JOIN postjob.jobs j ON j.id = f.id ORDER BY j.id DESC"
 )
 
 JOB_ID_RANGE = text("SELECT min(id), max(id) FROM postjob.postjobs")
@@ -361,11 +380,10 @@ def jobs_page(conn: Connection, flt: JobFilter, before: int | None, limit: int) 
         floor = max(floor, upper - LIST_WINDOW)
     rows = _rows(
         conn,
-        JOBS_PAGE,
+        JOBS_PAGE_ERRORED if errored_only(flt.statuses) else JOBS_PAGE,
         {
             "before": upper, "floor": floor, "statuses": flt.statuses, "queue": flt.queue,
             "workflow": flt.workflow, "tags": flt.tags_json, "limit": limit,
-            "errored": errored_only(flt.statuses),
         },
     )
     full = len(rows) == limit
