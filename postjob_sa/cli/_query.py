@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session
 
+from postjob_sa._schema_base import errored_only
 from postjob_sa.errors import JobNotFound
 from postjob_sa.models import Job
-from postjob_sa._schema_base import errored_only
 
 from . import _statements as sql
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, text
@@ -54,7 +54,7 @@ def test_every_way_a_job_settles_is_counted(engine: Engine, clean: None) -> None
         q.enqueue(flaky, "the mail server", queue="plain")
         tree = q.enqueue(order, 7, queue="trees").id  # children ok, then waits for a person
         doomed = q.enqueue(order, 8, queue="trees").id  # cancelled while it waits
-        tomorrow = datetime.now(timezone.utc) + timedelta(days=1)
+        tomorrow = datetime.now(UTC) + timedelta(days=1)
         late = q.enqueue(noop, 2, queue="late", timeout=3600, run_at=tomorrow).id
         later = q.enqueue(noop, 3, queue="late", run_at=tomorrow).id
         s.commit()
