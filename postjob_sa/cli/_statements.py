@@ -135,7 +135,7 @@ ROLE_GRANTS = text(
     "postjob.workers, postjob.queue_limits, postjob.schedules, postjob.unfinished, "
     "postjob.waiting, postjob.leases, postjob.queue_slots, postjob.queue_starts, postjob.steps, "
     "postjob.events, postjob.event_waits, postjob.event_keys, postjob.wakeups, "
-    "postjob.history_settings, postjob.history_partitions TO %I', "
+    "postjob.history_settings, postjob.history_partitions, postjob.settled_counts TO %I', "
     "CAST(:role AS text)), "
     "format('GRANT SELECT ON TABLE postjob.jobs TO %I', CAST(:role AS text)), "
     "format('GRANT USAGE ON SEQUENCE postjob.postjobs_id_seq, postjob.tokens_id_seq, "

@@ -51,6 +51,25 @@ ALTER TABLE postjob.settled_counts SET (autovacuum_vacuum_scale_factor = 0,
   autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0)
 """
 
+# Every outcome writes the counts: a role that may write postjob.unfinished (a worker's, an
+# app's: `postjob db grant`) gets the same on them, or its next outcome would be refused.
+SETTLED_COUNTS_GRANTS = r"""
+DO $$
+DECLARE g record;
+BEGIN
+  FOR g IN
+    SELECT a.privilege_type, CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                                  ELSE quote_ident(a.grantee::regrole::text) END AS grantee
+    FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+    WHERE c.oid = 'postjob.unfinished'::regclass AND a.grantee <> c.relowner
+      AND a.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE')
+  LOOP
+    EXECUTE format('GRANT %s ON TABLE postjob.settled_counts TO %s', g.privilege_type, g.grantee);
+  END LOOP;
+END
+$$
+"""
+
 # After the function bodies that count from now on: what settled in the last hour before
 # them, read from the record (its jobs' last update), as the closed minutes' rows (shard 0).
 SETTLED_COUNTS_SEED = r"""
@@ -64,8 +83,9 @@ GROUP BY 1, 2, 3
 
 
 def upgrade() -> None:
-    own_transaction_retried("\n;\n".join([BEGIN, SETTLED_COUNTS, *_sql_files.functions("pj0011"),
-                                          SETTLED_COUNTS_SEED, VERSION]))
+    own_transaction_retried("\n;\n".join([BEGIN, SETTLED_COUNTS, SETTLED_COUNTS_GRANTS,
+                                          *_sql_files.functions("pj0011"), SETTLED_COUNTS_SEED,
+                                          VERSION]))
 
 
 # -- downgrade: back to pj0010 exactly -------------------------------------------------------
