@@ -1,6 +1,6 @@
 """History at scale: reads that must not grow with the job record, density, and retention.
 
-    .venv/bin/python bench/history.py [--jobs 1000000] [--repeat 30] [--reuse]
+    .venv/bin/python bench/history.py [--jobs 1000000] [--repeat 30] [--reuse] [--build api]
     .venv/bin/python bench/history.py --drop-only
 
 The data is built with SQL: bench/web.py's generator (``generate_series``: blocks of ten
@@ -10,6 +10,12 @@ of 1,000,000 ids made first (``postjob._history_add_range``), then each closed r
 settled jobs compacted by ``postjob.rotate_history()``, then ``VACUUM ANALYZE`` (the local
 server runs with autovacuum off: every VACUUM here is explicit). The reference for the reads
 is a database holding the same unfinished jobs and no history (``pjbench_history_empty``).
+
+``--build api`` builds them through the public API instead, as an application's jobs are
+made: ``enqueue_many`` and ``drain`` in this process, in chunks of 10,000 (1 % of them fail,
+one in a hundred is a tree of ten: a root, three children, six grandchildren), every job
+settled just now, so all of them are within the dashboard's last hour; then the newest 2 %
+are enqueued and left due. The pages that show one job read its id from the database.
 
 Measured, each after 2 untimed runs: the API's checkout of 1 and of 100 jobs (rolled back),
 every dashboard page (bench/web.py's list, through the WSGI app in this process), ``postjob
@@ -21,6 +27,7 @@ retention figure: 200,000 finished jobs in a range of their own, dropped by a ro
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import time
@@ -89,7 +96,107 @@ def build(url: str, total: int, settled_fraction: float) -> None:
           f"VACUUM ANALYZE: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
 
-def database(base: str, name: str, total: int, settled: float, reuse: bool) -> str:
+QUEUES = ["q", "q", "q", "mail", "reports", "media", "billing"]
+CHUNK = 10_000
+
+
+def api_registry() -> Any:
+    """The workflows of the API build: WORKFLOWS (no-ops), one that fails, and trees."""
+    import postjob_sa
+    from postjob_sa import Registry
+
+    reg = Registry()
+    for name in WORKFLOWS:
+        postjob_sa.workflow(name=name, registry=reg)(lambda *args: None)
+
+    @postjob_sa.workflow(name="app.flaky", registry=reg, max_attempts=1)
+    def flaky(n: int) -> None:
+        raise ConnectionError(f"host {n % 50} refused the connection")
+
+    @postjob_sa.workflow(name="app.leaf", registry=reg)
+    def leaf(n: int, i: int, k: int) -> int:
+        return k
+
+    @postjob_sa.workflow(name="app.branch", registry=reg)
+    def branch(n: int, i: int) -> list[int]:
+        return [h.result() for h in [leaf.spawn(n, i, k) for k in range(2)]]
+
+    @postjob_sa.workflow(name="app.tree", registry=reg)
+    def tree(n: int) -> list[list[int]]:
+        return [h.result() for h in [branch.spawn(n, i) for i in range(3)]]
+
+    return reg
+
+
+def enqueue_chunk(q: Any, first: int, n: int) -> None:
+    """n jobs: a tree of ten per thousand, 1 % failing, the rest no-ops, over the queues."""
+    trees = n // 1000
+    flat = n - trees * 10
+    failing = flat // 100
+    if trees:
+        q.enqueue_many("app.tree", [[first + i] for i in range(trees)], queue="reports")
+    q.enqueue_many("app.flaky", [[first + i] for i in range(failing)], queue="billing")
+    by: dict[tuple[str, str], list[list[int]]] = {}
+    for i in range(flat - failing):
+        by.setdefault((WORKFLOWS[i % len(WORKFLOWS)], QUEUES[i % len(QUEUES)]), []).append(
+            [first + i])
+    for (name, queue), args in by.items():
+        q.enqueue_many(name, args, queue=queue)
+
+
+def build_api(url: str, total: int, settled_fraction: float) -> None:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+
+    import postjob_sa
+    from postjob_sa import JobQueue
+
+    logging.getLogger("postjob_sa").setLevel(logging.ERROR)  # the failing 1 % would log
+    engine = create_engine(url)
+    postjob_sa.migrate(engine)
+    reg = api_registry()
+    settled = int(total * settled_fraction)
+    t0 = time.perf_counter()
+    with Session(engine) as s:
+        q = JobQueue(s, registry=reg, batch_size=500)
+        done = 0
+        while done < settled:
+            n = min(CHUNK, settled - done)
+            enqueue_chunk(q, done, n)
+            s.commit()
+            q.drain()
+            done += n
+        ran = time.perf_counter() - t0
+        live = total - int(s.execute(text("SELECT count(*) FROM postjob.postjobs")).scalar_one())
+        for start in range(0, live, CHUNK):
+            args = [[i] for i in range(start, min(live, start + CHUNK))]
+            for k, name in enumerate(WORKFLOWS):
+                q.enqueue_many(name, args[k::len(WORKFLOWS)], queue=QUEUES[k % len(QUEUES)])
+            s.commit()
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE postjob.postjobs"))
+        conn.execute(text("VACUUM ANALYZE postjob.unfinished"))
+    engine.dispose()
+    print(f"built {total:,} jobs through the API ({settled:,} run and settled in {ran:.1f} s, "
+          f"{settled / max(ran, 1e-9):,.0f} jobs/s), then VACUUM ANALYZE: "
+          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+
+def api_pages(url: str) -> list[tuple[str, str]]:
+    """web.pages, with the pages of one job at ids read from the database."""
+    settled_root = pg.value(url, "SELECT max(id) FROM postjob.postjobs WHERE parent_id IS NULL "
+                                 "AND status = 'ok' AND id < (SELECT max(id) / 2 FROM postjob.postjobs)")
+    root = int(pg.value(url, "SELECT max(id) FROM postjob.postjobs WHERE workflow = 'app.tree'"))
+    leaf = pg.value(url, f"SELECT max(id) FROM postjob.postjobs WHERE root_id = {root}")
+    by_name = {"job, settled root": f"/jobs/{settled_root}",
+               "job, tree of 10 (sleeping)": f"/jobs/{root}",
+               "job, grandchild": f"/jobs/{leaf}", "job, live refresh": f"/jobs/{root}?live=1"}
+    return [(name.replace(" (sleeping)", ""), by_name.get(name, path))
+            for name, path in web.pages(1_000_000)]
+
+
+def database(base: str, name: str, total: int, settled: float, reuse: bool,
+             api: bool = False) -> str:
     url = pg.url_for(base, name)
     count = 0
     if reuse:
@@ -99,7 +206,8 @@ def database(base: str, name: str, total: int, settled: float, reuse: bool) -> s
             count = 0
     if count != total:
         pg.fresh_database(base, name)
-        build(url.replace("postgresql://", "postgresql+psycopg2://", 1), total, settled)
+        (build_api if api else build)(
+            url.replace("postgresql://", "postgresql+psycopg2://", 1), total, settled)
     return url.replace("postgresql://", "postgresql+psycopg2://", 1)
 
 
@@ -126,7 +234,7 @@ def checkouts(url: str, repeat: int) -> dict[int, float]:
     return out
 
 
-def reads(url: str, total: int, repeat: int) -> list[tuple[str, float, float]]:
+def reads(url: str, total: int, repeat: int, api: bool = False) -> list[tuple[str, float, float]]:
     from click.testing import CliRunner
     from sqlalchemy import create_engine, select, text
     from werkzeug.test import Client
@@ -139,13 +247,14 @@ def reads(url: str, total: int, repeat: int) -> list[tuple[str, float, float]]:
     engine = create_engine(url, pool_size=2)
     rows: list[tuple[str, float, float]] = []
     client = Client(create_app(engine))
-    for name, path in web.pages(total):
+    plain = url.replace("postgresql+psycopg2://", "postgresql://", 1)
+    pages = api_pages(plain) if api else web.pages(total)
+    for name, path in pages:
         def page(path: str = path) -> None:
             assert client.get(path).status_code == 200
         rows.append((f"dashboard: {name}", *timed(page, repeat)))
     runner = CliRunner()
-    plain = url.replace("postgresql+psycopg2://", "postgresql://", 1)
-    tree_root = web.pages(total)[14][1].rsplit("/", 1)[1]
+    tree_root = pages[14][1].rsplit("/", 1)[1]
     for name, args in (("ps --status failed", ["ps", "--status", "failed"]),
                        ("ps of a tree", ["ps", tree_root])):
         def ps(args: list[str] = args) -> None:
@@ -227,16 +336,21 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--reuse", action="store_true", help="keep databases that have the jobs")
     parser.add_argument("--drop-only", action="store_true", help="only the retention figure")
+    parser.add_argument("--build", choices=["sql", "api"], default="sql",
+                        help="build the jobs with SQL (default) or through the public API")
     opts = parser.parse_args()
     if opts.drop_only:
         drop(opts.dsn_base)
         return 0
+    api = opts.build == "api"
+    suffix = "_api" if api else ""
     live = opts.jobs - int(opts.jobs * 0.98)
-    empty = database(opts.dsn_base, "pjbench_history_empty", live, 0.0, opts.reuse)
-    full = database(opts.dsn_base, f"pjbench_history_{opts.jobs}", opts.jobs, 0.98, opts.reuse)
+    empty = database(opts.dsn_base, f"pjbench_history_empty{suffix}", live, 0.0, opts.reuse, api)
+    full = database(opts.dsn_base, f"pjbench_history{suffix}_{opts.jobs}", opts.jobs, 0.98,
+                    opts.reuse, api)
     version = pg.value(pg.url_for(opts.dsn_base, "postgres"), "SHOW server_version")
-    print(f"history at {opts.jobs:,} jobs (98 % finished), PostgreSQL {version}, "
-          f"{opts.repeat} runs each after 2 untimed\n")
+    print(f"history at {opts.jobs:,} jobs (98 % finished), built with {opts.build.upper()}, "
+          f"PostgreSQL {version}, {opts.repeat} runs each after 2 untimed\n")
     base, loaded = checkouts(empty, opts.repeat), checkouts(full, opts.repeat)
     print("| checkout (API, rolled back) | no history, ms | with history, ms | ratio |")
     print("|---|---:|---:|---:|")
@@ -244,7 +358,7 @@ def main() -> int:
         print(f"| {n} job(s) | {base[n]:.2f} | {loaded[n]:.2f} | {loaded[n] / base[n]:.2f} |")
     print("\n| read | median ms | p95 ms |\n|---|---:|---:|")
     worst = 0.0
-    for name, median, p95 in reads(full, opts.jobs, opts.repeat):
+    for name, median, p95 in reads(full, opts.jobs, opts.repeat, api):
         worst = max(worst, p95)
         print(f"| {name} | {median:.1f} | {p95:.1f} |")
     print(f"\nworst p95: {worst:.1f} ms (budget 100 ms)")

@@ -33,6 +33,16 @@ class Status(enum.StrEnum):
 
 
 FINAL_STATUSES = frozenset({Status.ok, Status.failed, Status.timeout, Status.cancelled})
+#: The final statuses whose jobs all carry an error (postjobs_errors_idx holds them): a list of
+#: only these is read through that index.
+ERRORED_STATUSES = frozenset({Status.failed, Status.timeout, Status.cancelled})
+
+
+def errored_only(statuses: list[str] | None) -> bool:
+    """Whether every status asked for is one whose jobs carry an error."""
+    return bool(statuses) and {str(s) for s in statuses or ()} <= {s.value for s in ERRORED_STATUSES}
+
+
 #: What a job waits as in its row of postjob.unfinished (a running job keeps the one it was
 #: taken in; a job ended from outside while it ran has its final status there).
 WAITING_STATUSES = frozenset({Status.ready, Status.err, Status.sleep})

@@ -297,3 +297,6 @@ SCHEDULE_TICK = (
 #: One rotation (see postjob.rotate_history): a row per range it did something with.
 HISTORY_ROTATE_SQL = ("SELECT action, name, from_id, to_id, jobs, root_id, detail "
                       "FROM postjob.rotate_history()")
+
+#: Fold the per-minute counts of settled jobs (see postjob._settled_counts_fold).
+SETTLED_COUNTS_FOLD = "SELECT postjob._settled_counts_fold()"

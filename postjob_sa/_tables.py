@@ -308,3 +308,19 @@ class HistoryRangeCheck(Base):
         DateTime(timezone=True), server_default=func.now(), nullable=False)
 
     __table_args__ = ({"schema": SCHEMA},)
+
+
+class SettledCount(Base):
+    """Jobs settled in one minute, of one queue and status, by one backend (``shard``: its
+    pid; 0 once the upkeep folded a closed minute): a row of ``postjob.settled_counts``, what
+    the dashboard's last hour reads."""
+
+    __tablename__ = "settled_counts"
+
+    minute: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    queue: Mapped[str] = mapped_column(String, primary_key=True)
+    status: Mapped[Status] = mapped_column(status_type, primary_key=True)
+    shard: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    n: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+    __table_args__ = ({"schema": SCHEMA},)

@@ -54,6 +54,7 @@ from postjob_sa._tables import (
     QueueSlot,
     QueueStart,
     Schedule,
+    SettledCount,
     Unfinished,
     Waiting,
     Wakeup,
@@ -64,7 +65,7 @@ from postjob_sa.errors import InvalidJobState
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_QUEUE", "FINAL_STATUSES", "MANUAL_WORKFLOW", "SCHEMA",
            "HistoryRangeCheck", "HistorySettingsRecord",
            "WAITING_STATUSES", "Base", "EventKey", "Job", "Lease", "QueueLimit", "QueueSlot",
-           "QueueStart", "Schedule", "Status", "Token", "Unfinished", "Waiting", "Wakeup",
+           "QueueStart", "Schedule", "SettledCount", "Status", "Token", "Unfinished", "Waiting", "Wakeup",
            "Worker",
            "metadata", "status_type"]
 

@@ -158,7 +158,7 @@ def engine(db_url: URL) -> Iterator[Engine]:
 def clean(engine: Engine) -> None:
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE postjob.postjobs, postjob.tokens, postjob.workers, "
-                          "postjob.queue_limits, postjob.schedules, postjob.events "
+                          "postjob.queue_limits, postjob.schedules, postjob.events, postjob.settled_counts "
                           "RESTART IDENTITY CASCADE"))
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session
 
+from postjob_sa._schema_base import errored_only
 from postjob_sa.errors import JobNotFound
 from postjob_sa.models import Job
 
@@ -47,7 +48,8 @@ def list_jobs(
         require_jobs(conn, ids)
         result = conn.execute(sql.JOB_SUBTREES, {**params, "ids": ids})
     else:
-        result = conn.execute(sql.ROOT_JOBS_LIST, params)
+        roots = sql.ROOT_JOBS_LIST_ERRORED if errored_only(statuses) else sql.ROOT_JOBS_LIST
+        result = conn.execute(roots, params)
     rows = [dict(r) for r in result.mappings()]
     more = len(rows) > limit
     rows = rows[:limit]

@@ -28,6 +28,27 @@ ROOT_JOBS_LIST = text(
     "ORDER BY j.id DESC LIMIT :limit"
 )
 
+#: ROOT_JOBS_LIST when only final statuses that carry an error are asked for (failed,
+#: timeout, cancelled): the record's jobs with an error, newest first through
+#: postjobs_errors_idx (a final job's status is the record's), filtered as they come, then
+#: those jobs from the view. Same columns and filters. The fence (OFFSET 0) keeps the filters
+#: out of the ordered scan (the planner would expect a few rows and sort them all).
+ROOT_JOBS_LIST_ERRORED = text(
+    "SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
+    "j.workflow, j.workflow_version, j.args, j.status::text AS status, "
+    "j.next_run_at, "
+    "j.timing_out_at, j.failed_attempts, j.max_attempts, j.results, j.error, j.error_message, "
+    "j.workflow_status, j.tags, j.processing_client, j.processing_client_identifier, "
+    "j.processing_started_at, j.processing_max_duration, j.lease_expires_at, now() AS db_now "
+    "FROM (SELECT e.id FROM ("
+    "    SELECT r.id, r.status, r.parent_id, r.tags FROM postjob.postjobs r "
+    "    WHERE r.error IS NOT NULL ORDER BY r.id DESC OFFSET 0) e "
+    "  WHERE e.parent_id IS NULL AND e.status::text = ANY(CAST(:statuses AS text[])) "
+    "  AND (CAST(:tags AS jsonb) IS NULL OR e.tags @> CAST(:tags AS jsonb)) "
+    "  ORDER BY e.id DESC LIMIT :limit) f "
+    "JOIN postjob.jobs j ON j.id = f.id ORDER BY j.id DESC"
+)
+
 #: The subtrees under the given jobs (each job and its descendants), filtered. A job by its id,
 #: its descendants by the tree index of each range after it (one join with an OR of the two
 #: scanned every range of the record: 1.3 s at 10,000,000 jobs).
@@ -117,7 +138,7 @@ ROLE_GRANTS = text(
     "postjob.workers, postjob.queue_limits, postjob.schedules, postjob.unfinished, "
     "postjob.waiting, postjob.leases, postjob.queue_slots, postjob.queue_starts, postjob.steps, "
     "postjob.events, postjob.event_waits, postjob.event_keys, postjob.wakeups, "
-    "postjob.history_settings, postjob.history_partitions TO %I', "
+    "postjob.history_settings, postjob.history_partitions, postjob.settled_counts TO %I', "
     "CAST(:role AS text)), "
     "format('GRANT SELECT ON TABLE postjob.jobs TO %I', CAST(:role AS text)), "
     "format('GRANT USAGE ON SEQUENCE postjob.postjobs_id_seq, postjob.tokens_id_seq, "

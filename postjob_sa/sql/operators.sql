@@ -166,6 +166,7 @@ RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
   v_id bigint;
   v_workflow varchar;
+  v_queue varchar;
   v_status postjob.statuses;
   v_try integer := 0;
 BEGIN
@@ -194,10 +195,13 @@ BEGIN
         error_message = CASE WHEN p_error IS NOT NULL THEN COALESCE(p_message, p_error) END,
         failed_attempts = failed_attempts + CASE WHEN p_error IS NULL THEN 0 ELSE 1 END,
         next_run_at = NULL, unique_key_held = false, updated_at = statement_timestamp()
-      WHERE id = v_id;
+      WHERE id = v_id
+      RETURNING queue INTO v_queue;
       DELETE FROM postjob.unfinished WHERE job_id = v_id;
       PERFORM postjob._jobs_ended(
         ARRAY[v_id], CASE WHEN p_error IS NULL THEN '{}'::bigint[] ELSE ARRAY[v_id] END);
+      PERFORM postjob._count_settled(
+        ARRAY[v_queue], ARRAY[CASE WHEN p_error IS NULL THEN 'ok' ELSE 'failed' END]::postjob.statuses[]);
       RETURN v_id;
     EXCEPTION WHEN deadlock_detected THEN
       v_try := v_try + 1;

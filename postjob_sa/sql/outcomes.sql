@@ -29,6 +29,7 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
   v_now timestamptz := statement_timestamp();
   v_done bigint[] := '{}';
+  v_queues varchar[];
   v_rest bigint[];
 BEGIN
   IF cardinality(p_ok_ids) > 0 THEN
@@ -48,11 +49,16 @@ BEGIN
         unique_key_held = false, updated_at = v_now
       FROM unnest(p_ok_ids, p_ok_results, p_ok_versions) AS r(id, result, version)
       WHERE j.id = ANY (ARRAY(SELECT d.job_id FROM done d)) AND j.id = r.id
-      RETURNING j.id
+      RETURNING j.id, j.queue
     )
-    SELECT COALESCE(array_agg(s.id), '{}') INTO v_done FROM settled s;
+    SELECT COALESCE(array_agg(s.id), '{}'), array_agg(s.queue) INTO v_done, v_queues
+    FROM settled s;
     IF EXISTS (SELECT 1 FROM postjob.queue_slots WHERE job_id IS NOT NULL) THEN
       PERFORM postjob._free_places(v_done);
+    END IF;
+    IF cardinality(v_done) > 0 THEN
+      PERFORM postjob._count_settled(
+        v_queues, array_fill('ok'::postjob.statuses, ARRAY[cardinality(v_done)]));
     END IF;
   END IF;
   -- the rest (children that ended ok, failures, sleeps, releases, runs that stopped, and a
@@ -148,6 +154,8 @@ DECLARE
   v_settled bigint[];  -- the outcomes recorded, of which
   v_final bigint[];    -- final (and failed), and sleeps woken at once
   v_failed bigint[];
+  v_queues varchar[];  -- the final ones' queues and statuses (postjob.settled_counts)
+  v_statuses postjob.statuses[];
   v_woken bigint[];
   v_ended bigint[];    -- the runs over: recorded, stopped, or their job ended from outside
   v_runnable integer;  -- how many may run now (an idle worker is woken for each)
@@ -155,7 +163,7 @@ BEGIN
   PERFORM 1 FROM postjob.unfinished WHERE job_id = ANY (p_ids || p_stopped)
     ORDER BY job_id FOR UPDATE;
   WITH plan AS MATERIALIZED (
-    SELECT o.*, x.status, x.run_at, x.run_at <= v_now AS due, x.woken
+    SELECT o.*, x.status, x.run_at, x.run_at <= v_now AS due, x.woken, j.queue
     FROM unnest(p_ids, p_tokens, p_kinds, p_results, p_errors, p_messages, p_backtraces,
                 p_versions, p_awaiting, p_delays)
       AS o(id, token, kind, result, error, message, backtrace, version, awaiting, delay)
@@ -196,9 +204,11 @@ BEGIN
   )
   SELECT array_agg(p.id), array_agg(p.id) FILTER (WHERE p.status IN ('ok', 'failed')),
          array_agg(p.id) FILTER (WHERE p.status = 'failed'),
+         array_agg(p.queue) FILTER (WHERE p.status IN ('ok', 'failed')),
+         array_agg(p.status) FILTER (WHERE p.status IN ('ok', 'failed')),
          array_agg(p.id) FILTER (WHERE p.woken),
          count(*) FILTER (WHERE p.status IN ('ready', 'err') AND p.due)
-    INTO v_settled, v_final, v_failed, v_woken, v_runnable FROM plan p;
+    INTO v_settled, v_final, v_failed, v_queues, v_statuses, v_woken, v_runnable FROM plan p;
   v_ended := COALESCE(v_settled, '{}') || postjob._runs_stopped(
     p_stopped || ARRAY(SELECT x FROM unnest(p_ids) x WHERE x <> ALL (COALESCE(v_settled, '{}'))),
     p_stopped_tokens || ARRAY(SELECT o.token FROM unnest(p_ids, p_tokens) AS o(id, token)
@@ -211,6 +221,9 @@ BEGIN
   END IF;
   IF v_runnable > 0 THEN
     PERFORM postjob._wake(v_runnable);
+  END IF;
+  IF v_final IS NOT NULL THEN
+    PERFORM postjob._count_settled(v_queues, v_statuses);
   END IF;
   RETURN QUERY
     SELECT 'lost'::text, x FROM unnest(p_ids) x WHERE x <> ALL (COALESCE(v_settled, '{}'))
@@ -247,5 +260,52 @@ BEGIN
   )
   SELECT COALESCE(array_agg(s.job_id), '{}') INTO v_ids FROM stopped s;
   RETURN v_ids;
+END;
+$$;
+
+-- Count jobs settled by this statement (p_queues, p_statuses: one element a job) in
+-- postjob.settled_counts: one write for the batch, a row per queue and status, of this
+-- backend's own rows (shard: its pid; no other transaction writes them, so this never waits:
+-- schema.sql), after every other lock of the caller.
+CREATE OR REPLACE FUNCTION postjob._count_settled(p_queues varchar[], p_statuses postjob.statuses[])
+RETURNS void
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+BEGIN
+  INSERT INTO postjob.settled_counts AS c (minute, queue, status, shard, n)
+  SELECT to_timestamp(floor(extract(epoch FROM statement_timestamp()) / 60) * 60), s.queue,
+         s.status, pg_backend_pid(), count(*)
+  FROM unnest(p_queues, p_statuses) AS s(queue, status)
+  GROUP BY s.queue, s.status ORDER BY s.queue, s.status
+  ON CONFLICT (minute, queue, status, shard) DO UPDATE SET n = c.n + EXCLUDED.n;
+END;
+$$;
+
+-- Fold the counts of each closed minute (the minute before this one is left to statements
+-- still under way) into one row per queue and status (shard 0), and drop the minutes more
+-- than two hours old: the upkeep calls it. Rows another transaction holds are left for the
+-- next call: it waits for none. Returns how many rows it folded or dropped.
+CREATE OR REPLACE FUNCTION postjob._settled_counts_fold() RETURNS integer
+LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+  v_closed timestamptz :=
+    to_timestamp(floor(extract(epoch FROM statement_timestamp()) / 60) * 60) - interval '1 minute';
+  v_n integer;
+BEGIN
+  WITH gone AS (
+    DELETE FROM postjob.settled_counts c
+    WHERE (c.minute, c.queue, c.status, c.shard) IN (
+      SELECT x.minute, x.queue, x.status, x.shard FROM postjob.settled_counts x
+      WHERE x.minute < v_closed AND (x.shard <> 0 OR x.minute < v_closed - interval '2 hours')
+      FOR UPDATE SKIP LOCKED)
+    RETURNING c.minute, c.queue, c.status, c.n
+  ), folded AS (
+    INSERT INTO postjob.settled_counts AS c (minute, queue, status, shard, n)
+    SELECT g.minute, g.queue, g.status, 0, sum(g.n) FROM gone g
+    WHERE g.minute >= v_closed - interval '2 hours'
+    GROUP BY g.minute, g.queue, g.status ORDER BY g.minute, g.queue, g.status
+    ON CONFLICT (minute, queue, status, shard) DO UPDATE SET n = c.n + EXCLUDED.n
+  )
+  SELECT count(*) INTO v_n FROM gone;
+  RETURN v_n;
 END;
 $$;

@@ -25,7 +25,10 @@
 --   3. records (postjob.postjobs), by ascending id, after the unfinished rows of those jobs;
 --   4. a queue's limit (postjob.queue_limits), then its places (postjob.queue_slots) and
 --      starts (postjob.queue_starts) by number;
---   5. steps and event waits (postjob.steps, postjob.event_waits) of jobs locked above.
+--   5. steps and event waits (postjob.steps, postjob.event_waits) of jobs locked above;
+--   6. the backend's own rows of postjob.settled_counts, last: no other transaction writes
+--      them (the upkeep's fold takes only closed minutes, with SKIP LOCKED), so a count never
+--      waits, and nothing waits for one.
 -- A checkout never waits for a row: it takes job rows, places and starts with SKIP LOCKED.
 -- The rotation of history (history.sql) runs one at a time (an advisory lock) and takes only
 -- table locks, with a 5 s lock_timeout (one it cannot have is `busy` in its report, never an
@@ -217,6 +220,22 @@ CREATE TABLE postjob.wakeups (
   created_at  timestamptz NOT NULL DEFAULT now()
 );
 
+-- Jobs settled (reached ok, failed, timeout or cancelled), per minute, queue and status: what
+-- the dashboard's last hour reads (at most 60 minutes of rows), instead of the jobs settled in
+-- it. Whatever settles jobs adds them here in one statement per batch (_count_settled), to
+-- rows of its own backend (shard: its pid), which no other transaction writes: a count never
+-- waits for another transaction's. The upkeep folds the rows of closed minutes into one row
+-- each (shard 0) and drops the minutes past two hours (_settled_counts_fold). A job reset and
+-- settled again is counted again: these are settlements, not the jobs' statuses now.
+CREATE TABLE postjob.settled_counts (
+  minute  timestamptz NOT NULL,
+  queue   varchar NOT NULL,
+  status  postjob.statuses NOT NULL,
+  shard   integer NOT NULL,
+  n       bigint NOT NULL,
+  PRIMARY KEY (minute, queue, status, shard)
+) WITH (fillfactor = 50);
+
 -- The narrow tables of pj0008, kept empty while workers of that release may still run: a
 -- call of theirs that began before the upgrade and writes them is refused with a
 -- serialization failure (its worker tries again, and then reaches this revision's functions;
@@ -329,6 +348,8 @@ ALTER TABLE postjob.unfinished SET (autovacuum_vacuum_scale_factor = 0,
 ALTER TABLE postjob.queue_slots SET (autovacuum_vacuum_scale_factor = 0,
   autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
 ALTER TABLE postjob.queue_starts SET (autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE postjob.settled_counts SET (autovacuum_vacuum_scale_factor = 0,
   autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0);
 ALTER TABLE postjob.postjobs_from_0 SET (autovacuum_vacuum_scale_factor = 0.02,
   autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);

@@ -120,6 +120,7 @@ RETURNS bigint[]
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
   v_ended bigint[];
+  v_queues varchar[];
 BEGIN
   WITH rows AS (
     SELECT u.job_id, u.lease_token IS NOT NULL AS running FROM postjob.unfinished u
@@ -140,9 +141,13 @@ BEGIN
       processing_started_at = NULL, processing_max_duration = NULL,
       updated_at = statement_timestamp()
     WHERE j.id = ANY (ARRAY(SELECT r.job_id FROM rows r))
-    RETURNING j.id
+    RETURNING j.id, j.queue
   )
-  SELECT COALESCE(array_agg(e.id ORDER BY e.id), '{}') INTO v_ended FROM ended e;
+  SELECT COALESCE(array_agg(e.id ORDER BY e.id), '{}'), array_agg(e.queue)
+    INTO v_ended, v_queues FROM ended e;
+  IF cardinality(v_ended) > 0 THEN
+    PERFORM postjob._count_settled(v_queues, array_fill(p_status, ARRAY[cardinality(v_ended)]));
+  END IF;
   RETURN v_ended;
 END;
 $$;

@@ -6,9 +6,11 @@ What serves each statement at 1,000,000 jobs (bench/web.py measures it):
 
 * unfinished jobs (ready, err, sleep, manual steps, running): the narrow
   ``postjob.unfinished`` table, which holds nothing else;
-* failed, timed-out and cancelled jobs: ``postjobs_errors_idx`` (each of them has an error);
-* the throughput of the last hour reads the jobs table (no index is kept per finished job for
-  it: the hot path would pay for it on every job);
+* failed, timed-out and cancelled jobs: ``postjobs_errors_idx`` (each of them has an error),
+  in the counts and in a list of those statuses only;
+* the throughput of the last hour: the per-minute counts the outcomes keep
+  (``postjob.settled_counts``), at most 60 minutes of rows a queue and status, whatever the
+  number of jobs settled in it;
 * ok jobs are counted up to :data:`OK_COUNT_CAP` and estimated beyond it;
 * lists page by id (keyset, newest first) inside a bounded window of ids, so a filter that
   matches nothing still reads at most :data:`LIST_WINDOW` rows per page;
@@ -31,6 +33,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from postjob_sa import _hot_tables, _session_sql
+from postjob_sa._schema_base import errored_only
 
 #: ok jobs are counted exactly up to this many; beyond it the table's statistics estimate.
 OK_COUNT_CAP = 50_000
@@ -75,12 +78,12 @@ JOBS_ESTIMATE = text(
     "WHERE i.inhparent = CAST('postjob.postjobs' AS regclass)"
 )
 
-#: Settled jobs per minute of the last hour (0 = the current minute), queue and status.
+#: Settled jobs per minute of the last hour (0 = the current minute), queue and status: the
+#: counts the outcomes keep (postjob.settled_counts, a few rows a minute), not the jobs.
 THROUGHPUT_LAST_HOUR = text(
-    "SELECT floor(extract(epoch FROM now() - updated_at) / 60)::int AS minutes_ago, "
-    "queue, status::text AS status, count(*) AS jobs FROM postjob.postjobs "
-    "WHERE status IN ('ok', 'failed', 'timeout', 'cancelled') AND updated_at > now() - interval '60 minutes' "
-    "GROUP BY 1, 2, 3"
+    "SELECT floor((extract(epoch FROM now()) - extract(epoch FROM minute)) / 60)::int "
+    "AS minutes_ago, queue, status::text AS status, sum(n)::bigint AS jobs "
+    "FROM postjob.settled_counts WHERE minute > now() - interval '60 minutes' GROUP BY 1, 2, 3"
 )
 
 #: Per queue (of :queues), the job that has been due the longest (postjob.unfinished holds
@@ -160,6 +163,29 @@ JOBS_PAGE = text(
     "AND (CAST(:workflow AS text) IS NULL OR j.workflow = CAST(:workflow AS text)) "
     "AND (CAST(:tags AS jsonb) IS NULL OR j.tags @> CAST(:tags AS jsonb)) "
     "ORDER BY j.id DESC LIMIT :limit"
+)
+
+#: The same page when only final statuses that carry an error are asked for (failed, timeout,
+#: cancelled): the record's jobs with an error, newest first through postjobs_errors_idx (a
+#: final job's status is the record's), filtered as they come until the page is full, then
+#: those jobs from the view: a page reads the jobs with an error above it, not every job.
+#: The fence (OFFSET 0) keeps the filters out of the ordered scan: the planner, taking the
+#: error and the status for independent, expects a few rows and would sort them all.
+JOBS_PAGE_ERRORED = text(
+    "SELECT j.id, j.parent_id, j.root_id, j.full_id, j.created_at, j.updated_at, j.queue, "
+    "j.workflow, j.workflow_version, j.status::text AS status, j.next_run_at, "
+    "j.failed_attempts, j.max_attempts, j.error, j.error_message, j.workflow_status, j.tags, "
+    "left(j.args::text, 160) AS args_text FROM ("
+    "  SELECT e.id FROM ("
+    "    SELECT r.id, r.status, r.queue, r.workflow, r.tags FROM postjob.postjobs r "
+    "    WHERE r.error IS NOT NULL AND r.id < :before AND r.id >= :floor "
+    "    ORDER BY r.id DESC OFFSET 0) e "
+    "  WHERE e.status = ANY(CAST(:statuses AS postjob.statuses[])) "
+    "  AND (CAST(:queue AS text) IS NULL OR e.queue = CAST(:queue AS text)) "
+    "  AND (CAST(:workflow AS text) IS NULL OR e.workflow = CAST(:workflow AS text)) "
+    "  AND (CAST(:tags AS jsonb) IS NULL OR e.tags @> CAST(:tags AS jsonb)) "
+    "  ORDER BY e.id DESC LIMIT :limit) f "
+    "JOIN postjob.jobs j ON j.id = f.id ORDER BY j.id DESC"
 )
 
 JOB_ID_RANGE = text("SELECT min(id), max(id) FROM postjob.postjobs")
@@ -360,7 +386,7 @@ def jobs_page(conn: Connection, flt: JobFilter, before: int | None, limit: int,
         floor = max(floor, upper - LIST_WINDOW)
     rows = _rows(
         conn,
-        JOBS_PAGE,
+        JOBS_PAGE_ERRORED if errored_only(flt.statuses) else JOBS_PAGE,
         {
             "before": upper, "floor": floor, "statuses": flt.statuses, "queue": flt.queue,
             "workflow": flt.workflow, "tags": flt.tags_json, "limit": limit, "whole": whole,

@@ -49,8 +49,8 @@ class Settings:
 
 # -- overview --------------------------------------------------------------------------------
 
-#: Seconds the last hour's throughput is reused for: it reads the jobs table (no index is kept
-#: per finished job for it, the hot path would pay on every job), and it is counted by minute.
+#: Seconds the last hour's throughput is reused for: it is counted by minute (from
+#: postjob.settled_counts, a few rows a minute), so a refresh within the window shows the same.
 THROUGHPUT_REUSED_FOR = 15.0
 
 

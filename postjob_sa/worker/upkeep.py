@@ -19,7 +19,10 @@ the worker holding it goes. The repairs:
   which every insert would still maintain) is dropped, ``CONCURRENTLY``.
 
 Every :data:`ROTATE_EVERY` seconds the same worker rotates history (``postjob.rotate_history``:
-the ranges of job ids ahead are created, those past ``keep`` dropped), so nothing needs cron.
+the ranges of job ids ahead are created, those past ``keep`` dropped), so nothing needs cron;
+every :data:`FOLD_EVERY` seconds it folds the counts of jobs settled per minute
+(``postjob.settled_counts``: one row per closed minute, queue and status) and drops those past
+two hours.
 
 Each repair is one log line. Only a table's owner may VACUUM or REINDEX it: a worker whose
 role is not the owner says once per relation, in one line, what to run as the owner, and
@@ -55,6 +58,8 @@ FOLLOWER_INTERVAL = 60.0
 #: Seconds between two rotations of history (postjob_sa._history), by the worker that holds
 #: the lock; the first comes with its first look.
 ROTATE_EVERY = 300.0
+#: Seconds between two folds of the per-minute counts of settled jobs (the dashboard's hour).
+FOLD_EVERY = 60.0
 #: After a repair failed, the relation is left alone this long.
 RETRY_AFTER = 600.0
 
@@ -102,6 +107,7 @@ class Upkeep:
         identifier = options.identifier
         self._next = time.monotonic() + INTERVAL * random.uniform(0.5, 1.0)
         self._next_rotation = 0.0
+        self._next_fold = 0.0
         self._advised: set[str] = set()
         self._kills = _Kills()
         self._held_by: int | None = None  # the pid named as holding vacuum back
@@ -150,7 +156,21 @@ class Upkeep:
         lines = self._repair(conn)
         if time.monotonic() >= self._next_rotation:
             lines += self._rotate(conn)
+        if time.monotonic() >= self._next_fold:
+            lines += self._fold(conn)
         return lines
+
+    def _fold(self, conn: Conn) -> list[str]:
+        """Fold the closed minutes' counts of settled jobs: one statement, its own
+        transaction, that waits for no row; a failure is one line, the next fold tries again."""
+        self._next_fold = time.monotonic() + FOLD_EVERY
+        try:
+            conn.scalar(_sql.SETTLED_COUNTS_FOLD)
+        except Exception as exc:  # logged; the upkeep goes on
+            line = f"settled counts: fold failed: {exc}"
+            log.warning(line)
+            return [line]
+        return []
 
     def _rotate(self, conn: Conn) -> list[str]:
         """Rotate history (create the ranges ahead, drop those past keep): one statement, its

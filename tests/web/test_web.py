@@ -107,8 +107,8 @@ def test_a_pending_manual_step_is_not_due_work(client: Client, engine: Engine, c
 
 def test_the_last_hour_is_read_once_per_window_not_on_every_refresh(engine: Engine,
                                                                    seeded: Seeded) -> None:
-    """The throughput of the last hour scans the jobs table (no index is kept per finished
-    job for it): a dashboard reuses it for a while instead of reading it on every refresh."""
+    """The throughput of the last hour is counted by minute: a dashboard reuses it for a
+    while instead of reading it on every refresh."""
     app = create_app(engine)
     client = Client(app)
     legend = re.compile(r'st-ok"></span>ok ([\d,]+)')

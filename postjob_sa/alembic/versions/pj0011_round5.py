@@ -9,6 +9,12 @@ in one short transaction that locks the tables they write, with three columns of
 ``postjob.workers`` (what a worker serves, its
 connection); pj0008's code is still served. What changed is in the live files'
 history and in CHANGELOG.md.
+
+``postjob.settled_counts`` (the jobs settled per minute, queue and status: what the
+dashboard's last hour reads) is created and filled from the record's last hour, in the same
+transaction as the function bodies that keep it from then on (the record's lock makes the
+seed exact: no job settles between the two; it reads the record once, so it holds the lock
+longer on a big record: about a second a million jobs).
 """
 
 from __future__ import annotations
@@ -55,8 +61,53 @@ ALTER TABLE postjob.workers ADD COLUMN workflow_versions text[],
 """
 
 
+SETTLED_COUNTS = r"""
+CREATE TABLE postjob.settled_counts (
+  minute  timestamptz NOT NULL,
+  queue   varchar NOT NULL,
+  status  postjob.statuses NOT NULL,
+  shard   integer NOT NULL,
+  n       bigint NOT NULL,
+  PRIMARY KEY (minute, queue, status, shard)
+) WITH (fillfactor = 50);
+ALTER TABLE postjob.settled_counts SET (autovacuum_vacuum_scale_factor = 0,
+  autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0)
+"""
+
+# Every outcome writes the counts: a role that may write postjob.unfinished (a worker's, an
+# app's: `postjob db grant`) gets the same on them, or its next outcome would be refused.
+SETTLED_COUNTS_GRANTS = r"""
+DO $$
+DECLARE g record;
+BEGIN
+  FOR g IN
+    SELECT a.privilege_type, CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                                  ELSE quote_ident(a.grantee::regrole::text) END AS grantee
+    FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+    WHERE c.oid = 'postjob.unfinished'::regclass AND a.grantee <> c.relowner
+      AND a.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE')
+  LOOP
+    EXECUTE format('GRANT %s ON TABLE postjob.settled_counts TO %s', g.privilege_type, g.grantee);
+  END LOOP;
+END
+$$
+"""
+
+# After the function bodies that count from now on: what settled in the last hour before
+# them, read from the record (its jobs' last update), as the closed minutes' rows (shard 0).
+SETTLED_COUNTS_SEED = r"""
+INSERT INTO postjob.settled_counts (minute, queue, status, shard, n)
+SELECT to_timestamp(floor(extract(epoch FROM updated_at) / 60) * 60), queue, status, 0, count(*)
+FROM postjob.postjobs
+WHERE status IN ('ok', 'failed', 'timeout', 'cancelled')
+  AND updated_at > statement_timestamp() - interval '61 minutes'
+GROUP BY 1, 2, 3
+"""
+
+
 def upgrade() -> None:
-    own_transaction_retried("\n;\n".join([BEGIN, WORKERS_UP, *_sql_files.functions("pj0011"),
+    own_transaction_retried("\n;\n".join([BEGIN, WORKERS_UP, SETTLED_COUNTS, SETTLED_COUNTS_GRANTS,
+                                          *_sql_files.functions("pj0011"), SETTLED_COUNTS_SEED,
                                           VERSION]), tries=20)
 
 
@@ -87,6 +138,14 @@ ALTER TABLE postjob.workers DROP COLUMN workflow_versions, DROP COLUMN backend_p
 """
 
 
+SETTLED_COUNTS_DROP = r"""
+DROP FUNCTION postjob._count_settled(varchar[], postjob.statuses[]);
+DROP FUNCTION postjob._settled_counts_fold();
+DROP TABLE postjob.settled_counts
+"""
+
+
 def downgrade() -> None:
     own_transaction_retried("\n;\n".join([BEGIN, *_sql_files.functions("pj0010"),
-                                          DROP_ADDED, WORKERS_DOWN, VERSION_DOWN]), tries=20)
+                                          DROP_ADDED, WORKERS_DOWN, SETTLED_COUNTS_DROP,
+                                          VERSION_DOWN]), tries=20)
