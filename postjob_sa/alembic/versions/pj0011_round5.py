@@ -95,11 +95,13 @@ $$
 
 # After the function bodies that count from now on: what settled in the last hour before
 # them, read from the record (its jobs' last update), as the closed minutes' rows (shard 0).
+# The statuses are compared as text: a migration from nothing in one transaction has added
+# 'cancelled' to the enum in that transaction, and PostgreSQL refuses it as a constant there.
 SETTLED_COUNTS_SEED = r"""
 INSERT INTO postjob.settled_counts (minute, queue, status, shard, n)
 SELECT to_timestamp(floor(extract(epoch FROM updated_at) / 60) * 60), queue, status, 0, count(*)
 FROM postjob.postjobs
-WHERE status IN ('ok', 'failed', 'timeout', 'cancelled')
+WHERE status::text IN ('ok', 'failed', 'timeout', 'cancelled')
   AND updated_at > statement_timestamp() - interval '61 minutes'
 GROUP BY 1, 2, 3
 """
