@@ -7,8 +7,7 @@ before anything is written; ``Workflow.spawn`` refuses keywords the same way.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -16,21 +15,6 @@ from postjob_sa import _validate
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.models import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MANUAL_WORKFLOW
 from postjob_sa.registry import Workflow
-
-
-def keywords_refused(called: str, method: Callable[..., Any], keywords: Mapping[str, Any]
-                     ) -> InvalidArgument:
-    """The refusal of ``keywords`` given to ``called`` (``"JobQueue.enqueue"``, the class the
-    caller used): a workflow's arguments are positional; the method's options are named."""
-    options = [p.name for p in inspect.signature(method).parameters.values()
-               if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    name = called.rpartition(".")[2]
-    given = ", ".join(repr(k) for k in keywords)
-    return InvalidArgument(
-        f"{called}() got the keyword{'s' if len(keywords) > 1 else ''} {given}: a workflow's "
-        "arguments are positional (pass them in order, or one dict of named values), and the "
-        f"options of {name} are {', '.join(options)}"
-    )
 
 
 def workflow_name(workflow: Workflow[Any, Any] | str) -> tuple[str, Workflow[Any, Any] | None]:

@@ -3,8 +3,9 @@ anything is written."""
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -161,3 +162,18 @@ def job_id(value: object) -> int:
     if value >= 1 << 63:
         raise InvalidArgument(f"job id {value} is out of range")
     return value
+
+
+def keywords_refused(called: str, method: Callable[..., Any], keywords: Mapping[str, Any]
+                     ) -> InvalidArgument:
+    """The refusal of ``keywords`` given to ``called`` (``"JobQueue.enqueue"``, the class the
+    caller used): a workflow's arguments are positional; the method's options are named."""
+    options = [p.name for p in inspect.signature(method).parameters.values()
+               if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    name = called.rpartition(".")[2]
+    given = ", ".join(repr(k) for k in keywords)
+    return InvalidArgument(
+        f"{called}() got the keyword{'s' if len(keywords) > 1 else ''} {given}: a workflow's "
+        "arguments are positional (pass them in order, or one dict of named values), and the "
+        f"options of {name} are {', '.join(options)}"
+    )

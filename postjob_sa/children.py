@@ -5,19 +5,42 @@ context (postjob_sa.context) finds and creates the children; a handle reads them
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from postjob_sa import _sql
 from postjob_sa._pending import Pending
 from postjob_sa.errors import ChildFailed, NotInJob
 from postjob_sa.models import FINAL_STATUSES, MANUAL_WORKFLOW, Status
 
-if TYPE_CHECKING:
-    from postjob_sa.context import _RunContext
-
 _ChildKey = tuple[str, str]  # (workflow, canonical JSON of args)
+
+
+class _JobId(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+class _Run(Protocol):
+    """What a handle asks of the run that made it (postjob_sa.context's run context)."""
+
+    @property
+    def job(self) -> _JobId: ...
+
+    def is_current(self) -> bool: ...
+
+    def check_held(self) -> None: ...
+
+    async def check_held_async(self) -> None: ...
+
+    def child(self, key: _ChildKey) -> dict[str, Any]: ...
+
+    async def child_async(self, key: _ChildKey) -> dict[str, Any]: ...
+
+    def query(self, sql: str, params: Mapping[str, Any]) -> list[dict[str, Any]]: ...
+
+    async def query_async(self, sql: str, params: Mapping[str, Any]) -> list[dict[str, Any]]: ...
 
 
 @dataclass
@@ -40,7 +63,7 @@ class ChildHandle:
     put in sets and used as keys.
     """
 
-    _ctx: _RunContext
+    _ctx: _Run
     _key: _ChildKey
     _row: dict[str, Any] | None = None
 

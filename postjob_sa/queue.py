@@ -19,7 +19,7 @@ from typing_extensions import Unpack
 
 from postjob_sa import _backoff, _metrics, _session_sql, _tracing, _validate
 from postjob_sa._db import check_driver
-from postjob_sa._enqueue_args import job_options, keywords_refused, workflow_name
+from postjob_sa._enqueue_args import job_options, workflow_name
 from postjob_sa._migrations import schema_checked
 from postjob_sa._operations import JobOperations
 from postjob_sa.errors import InvalidArgument, InvalidJobState
@@ -178,7 +178,7 @@ class JobQueue(JobOperations):
         workflow and args) is returned instead of a second one, as ``spawn`` does. The
         workflow's ``args`` are positional: a keyword that is not an option is refused."""
         if keywords:
-            raise keywords_refused(f"{self._called_as}.enqueue", JobQueue.enqueue, keywords)
+            raise _validate.keywords_refused(f"{self._called_as}.enqueue", JobQueue.enqueue, keywords)
         self._checked_engine()  # a driver of ours (InvalidArgument) before anything is written
         name, wf = workflow_name(workflow_or_name)
         args_json = _validate.args_json(args)
@@ -259,7 +259,7 @@ class JobQueue(JobOperations):
     ) -> list[int]:
         """Add one root job per args list in one statement; return their ids in order."""
         if keywords:
-            raise keywords_refused(f"{self._called_as}.enqueue_many", JobQueue.enqueue_many,
+            raise _validate.keywords_refused(f"{self._called_as}.enqueue_many", JobQueue.enqueue_many,
                                    keywords)
         self._checked_engine()  # a driver of ours (InvalidArgument) before anything is written
         name, wf = workflow_name(workflow_or_name)

@@ -91,9 +91,7 @@ class Workflow(Generic[P, R]):
         Created on the parent's first run, found again on every re-run.
         """
         if keywords:
-            from postjob_sa._enqueue_args import keywords_refused
-
-            raise keywords_refused("Workflow.spawn", Workflow.spawn, keywords)
+            raise _validate.keywords_refused("Workflow.spawn", Workflow.spawn, keywords)
         from postjob_sa.context import spawn_child
 
         return spawn_child(
