@@ -64,7 +64,8 @@ def test_v_says_which_driver_the_cli_uses_instead(async_url: str) -> None:
 
 
 def test_asyncpgs_ssl_setting_becomes_libpqs(db_url: URL, clean: None) -> None:
-    url = url_string(db_url.set(drivername="postgresql+asyncpg", query={"ssl": "disable"}))
+    url = url_string(db_url.set(drivername="postgresql+asyncpg").update_query_dict(
+        {"ssl": "disable"}))  # beside the URL's own settings (the embedded server's host)
     _ok(postjob("ps", url=url))
 
 

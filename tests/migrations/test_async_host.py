@@ -70,7 +70,11 @@ def async_project(root: Path, url: str) -> Path:
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     ini = root / "alembic.ini"
-    ini.write_text(re.sub(r"(?m)^sqlalchemy\.url = .*$", f"sqlalchemy.url = {url}", ini.read_text()))
+    # the ini is read with interpolation: a % of the URL (the embedded server's socket folder
+    # is percent-encoded in it) is written %%, as Alembic's own docs say
+    escaped = url.replace("%", "%%")
+    ini.write_text(re.sub(r"(?m)^sqlalchemy\.url = .*$", lambda _: f"sqlalchemy.url = {escaped}",
+                          ini.read_text()))
     env = root / "migrations" / "env.py"
     template = env.read_text()
     function = re.compile(r"(?ms)^def do_run_migrations\(.*?(?=^\S)")
