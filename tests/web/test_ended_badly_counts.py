@@ -95,3 +95,39 @@ def test_past_the_cap_the_page_says_what_it_counted(
     page = Client(create_app(engine)).get("/").get_data(as_text=True)
     queues = page[page.index('data-fragment="queues"'):page.index('data-fragment="throughput"')]
     assert "the newest 100 jobs that ended so" in queues
+
+
+#: Root jobs with ids from :first to :last, one in a hundred failed (with its error), the rest ok.
+MIXED = text(
+    "INSERT INTO postjob.postjobs (id, root_id, full_id, workflow, args, queue, status, "
+    "error, error_message, queued) "
+    "SELECT i, i, i::text, 'app.job', '[]', 'mixed', "
+    "CAST(CASE WHEN i % 100 = 0 THEN 'failed' ELSE 'ok' END AS postjob.statuses), "
+    "CASE WHEN i % 100 = 0 THEN 'ConnectionError' END, CASE WHEN i % 100 = 0 THEN 'refused' END, "
+    "true FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) i")
+
+
+def test_a_newer_range_that_holds_little_does_not_make_them_read_every_one(
+        engine: Engine, clean: None) -> None:
+    """As after a rotation made the next range (1,000,000 jobs in bench/history.py): the
+    planner, given the status inside the ordered scan, read every failed job of the full
+    range and sorted them. The counts read the same buffers above 2,400 failed jobs as above
+    7,200."""
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE postjob.postjobs_from_1000000 PARTITION OF "
+                          "postjob.postjobs FOR VALUES FROM (1000000) TO (2000000)"))
+    try:
+        with engine.begin() as conn:
+            conn.execute(MIXED, {"first": 1_000_001, "last": 1_000_001})  # ok
+            conn.execute(MIXED, {"first": 1, "last": 240_000})
+            conn.execute(text("ANALYZE postjob.postjobs"))
+        _, small = counted(engine)
+        with engine.begin() as conn:
+            conn.execute(MIXED, {"first": 240_001, "last": 720_000})
+            conn.execute(text("ANALYZE postjob.postjobs"))
+        shown, large = counted(engine)
+        assert sum(shown.values()) == queries.ERRORED_COUNT_CAP
+        assert large <= small + 10, (small, large)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE postjob.postjobs_from_1000000"))
