@@ -60,16 +60,20 @@ DB_NOW = text("SELECT now()")
 #: or running: their rows hold a lease) from postjob.unfinished, and of the :cap newest jobs
 #: that ended badly (postjobs_errors_idx newest first: each of them carries an error), how
 #: many per queue and status. The index holds only ids, so counting every such job would read
-#: each one's page (113,157 buffers at 10,000,000 jobs, 1 % failed).
+#: each one's page (113,157 buffers at 10,000,000 jobs, 1 % failed). The fence (OFFSET 0)
+#: keeps the status out of the ordered scan, as in JOBS_PAGE_ERRORED: with it inside, the
+#: planner may read every errored job of a range and sort them.
 QUEUE_STATUS_COUNTS = text(
     "SELECT queue, CASE WHEN lease_token IS NOT NULL THEN 'processing' ELSE status::text END "
     "AS status, count(*) AS jobs, "
     "count(*) FILTER (WHERE lease_token IS NULL AND run_at <= now()) AS due "
     "FROM postjob.unfinished WHERE status IN ('ready', 'err', 'sleep') GROUP BY 1, 2 "
     "UNION ALL "
-    "SELECT queue, status::text, count(*), 0 FROM (SELECT queue, status FROM postjob.postjobs "
-    "WHERE error IS NOT NULL AND status IN ('failed', 'timeout', 'cancelled') "
-    "ORDER BY id DESC LIMIT :cap) e GROUP BY 1, 2"
+    "SELECT queue, status::text, count(*), 0 FROM (SELECT e.queue, e.status FROM ("
+    "  SELECT r.id, r.queue, r.status FROM postjob.postjobs r WHERE r.error IS NOT NULL "
+    "  ORDER BY r.id DESC OFFSET 0) e "
+    "WHERE e.status IN ('failed', 'timeout', 'cancelled') ORDER BY e.id DESC LIMIT :cap) b "
+    "GROUP BY 1, 2"
 )
 #: The statuses whose counts QUEUE_STATUS_COUNTS bounds.
 ENDED_BADLY = frozenset({"failed", "timeout", "cancelled"})
