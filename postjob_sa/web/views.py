@@ -141,6 +141,7 @@ def overview(conn: Connection, settings: Settings, throughput: Reused) -> Screen
         fragments={
             "queues": ("fragments/queues.html", {
                 "lines": lines, "total": total, "ok": ok, "columns": [s for s in STATUS_ORDER if s != "ok"],
+                "ended_badly_exact": q.ended_badly_exact(counts), "ended_badly_cap": q.ERRORED_COUNT_CAP,
             }),
             "throughput": ("fragments/throughput.html", {"chart": throughput_chart(flow)}),
             "waiting": ("fragments/waiting.html", {
