@@ -14,7 +14,7 @@ from postjob_sa import _validate
 from postjob_sa.errors import InvalidArgument
 from postjob_sa.models import Status
 
-from .queries import JobFilter
+from .job_queries import JobFilter
 
 #: The ages the list offers (newer than / older than).
 AGES = {"5m": 300, "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}

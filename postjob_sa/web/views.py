@@ -18,6 +18,7 @@ from postjob_sa import _history, _hot_tables
 from postjob_sa.durable import view as durable_view
 
 from . import forms
+from . import job_queries as jq
 from . import queries as q
 from .charts import throughput_chart
 from .redaction import Redaction
@@ -173,7 +174,7 @@ def jobs(conn: Connection, args: MultiDict[str, str], settings: Settings) -> Scr
     query = forms.list_query(args)
     before = forms.cursor(args)
     shown = settings.redaction
-    page = q.jobs_page(conn, query.to_filter(q.db_now(conn)), before, settings.page_size, shown.whole)
+    page = jq.jobs_page(conn, query.to_filter(q.db_now(conn)), before, settings.page_size, shown.whole)
     for r in page.rows:
         r.values["args_text"] = shown.text(r.args_text, 160)
     return Screen(
@@ -209,9 +210,9 @@ class Node:
 
 def _tree(rows: list[q.Row], root_id: int) -> tuple[list[Node], bool]:
     """The tree in display order (depth first, children by id); whether it was cut."""
-    cut = len(rows) > q.TREE_LIMIT
+    cut = len(rows) > jq.TREE_LIMIT
     by_parent: dict[int | None, list[q.Row]] = {}
-    for r in rows[: q.TREE_LIMIT]:
+    for r in rows[: jq.TREE_LIMIT]:
         by_parent.setdefault(None if r.id == root_id else r.parent_id, []).append(r)
     out: list[Node] = []
     stack = [(r, 0) for r in reversed(by_parent.get(None, []))]
@@ -234,12 +235,12 @@ def _shown(row: q.Row, shown: Redaction) -> q.Row:
 
 
 def job(conn: Connection, job_id: int, settings: Settings) -> Screen:
-    row = q.job(conn, job_id)
+    row = jq.job(conn, job_id)
     if row is None:
         raise NotFound(f"no job has the id {job_id}")
     shown = settings.redaction
     root_id = int(row.root_id or row.id)
-    nodes, cut = _tree(q.tree(conn, root_id, shown.whole), root_id)
+    nodes, cut = _tree(jq.tree(conn, root_id, shown.whole), root_id)
     for n in nodes:
         n.row.values["args_text"] = shown.text(n.row.args_text, 200)
         n.row.values["results_text"] = shown.text(n.row.results_text, 200)
@@ -257,7 +258,7 @@ def job(conn: Connection, job_id: int, settings: Settings) -> Screen:
             "durable": ("fragments/job_durable.html", {"durable": durable}),
             "tree": ("fragments/job_tree.html", {
                 "nodes": nodes, "cut": cut, "current": job_id, "awaited": awaited,
-                "limit": q.TREE_LIMIT,
+                "limit": jq.TREE_LIMIT,
             }),
         },
     )

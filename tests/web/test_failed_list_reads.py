@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 
 from postjob_sa.cli import _query
-from postjob_sa.web import queries
+from postjob_sa.web import job_queries
 
 pytestmark = pytest.mark.both_drivers
 
@@ -47,7 +47,7 @@ def buffers(engine: Engine, read: Callable[[Connection], int]) -> tuple[int, int
 
 
 def dashboard_failed(conn: Connection) -> int:
-    page = queries.jobs_page(conn, queries.JobFilter(statuses=["failed"]), None, 50)
+    page = job_queries.jobs_page(conn, job_queries.JobFilter(statuses=["failed"]), None, 50)
     assert {r.status for r in page.rows} == {"failed"}
     return len(page.rows)
 

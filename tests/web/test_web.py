@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from werkzeug.test import Client, TestResponse
 
 from postjob_sa import InvalidArgument, JobQueue, Status, _hot_tables
-from postjob_sa.web import create_app, queries
+from postjob_sa.web import create_app, job_queries
 from tests.conftest import end_by_hand
 from tests.web_data import XSS, Seeded, backdate, noop, order, seed
 
@@ -198,7 +198,7 @@ def test_a_narrow_filter_reads_a_bounded_window_and_offers_to_look_further(
         rare = q.enqueue(noop, "rare", queue="rare").id
         q.enqueue_many(noop, [[i] for i in range(10)])
         s.commit()
-    monkeypatch.setattr(queries, "LIST_WINDOW", 4)
+    monkeypatch.setattr(job_queries, "LIST_WINDOW", 4)
     client = Client(create_app(engine))
     page = body(client.get("/jobs?queue=rare"))
     assert f'href="/jobs/{rare}"' not in page  # beyond the first window
