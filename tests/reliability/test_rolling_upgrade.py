@@ -20,6 +20,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import URL, Engine, create_engine, text
@@ -105,6 +106,28 @@ def started() -> Iterator[list[WorkerProcess]]:
         Path(p.logfile.name).unlink(missing_ok=True)
 
 
+#: What a released worker logs when a child spawn of its fails in pj0010's window.
+SPAWN_IN_PJ0010_WINDOW = ("InvalidColumnReference: there is no unique or exclusion constraint "
+                          "matching the ON CONFLICT specification")
+
+
+def _spent_in_pj0010_window(job: Any, released_revision: str, logs: str) -> bool:
+    """Whether ``job`` spent one attempt in the known window of pj0010's step, and nothing else
+    went wrong with it (docs/operations.md, "Upgrading from 0.1.0 under load").
+
+    A worker whose calls run pj0009's function bodies (a release older than pj0010: pj0009's
+    steps commit before pj0010's) spawns children with an ``INSERT ... ON CONFLICT`` on the
+    record's unique index of children. A spawn that begins while pj0010's step partitions the
+    record resolves that body, waits for the step's lock, and is planned once the step
+    commits, on the partitioned record, which has no such index: it fails (42P10) and the run's
+    attempt is spent, then the job is retried. Both revisions are frozen history; the window is
+    told here, exactly, rather than hidden."""
+    return (released_revision < "pj0010" and job["workflow"] == "rel.parent"
+            and (job["status"], job["failed_attempts"], job["error"]) == ("ok", 1, None)
+            and re.search(rf"job {job['id']} \(rel\.parent\): err .*{re.escape(SPAWN_IN_PJ0010_WINDOW)}",
+                          logs) is not None)
+
+
 def _enqueuer(url: URL, keys: tuple[int, int], released: Path | None = None) -> subprocess.Popen[str]:
     """An application enqueuing keys (first, last): of the released code, or of this one."""
     argv = [sys.executable, "-m", "tests.reliability.rolling_enqueuer", url_string(url),
@@ -160,7 +183,8 @@ def _migrate_behind_a_long_transaction(engine: Engine) -> None:
             wait_for(lambda: scalar(engine, MIGRATION_WAITING) or not migration.is_alive(), 20,
                      "the migration waiting (or done without the record's lock)")
             if migration.is_alive():
-                wait_for(lambda: scalar(engine, WORKERS_WAITING), 8,
+                # (a step whose lock_timeout ends meanwhile tries again, and waits again)
+                wait_for(lambda: scalar(engine, WORKERS_WAITING), 20,
                          "a worker's cycle queued behind it")
         finally:
             report_query.rollback()
@@ -254,14 +278,20 @@ def test_migrating_under_workers_of_the_released_code_loses_no_job_and_runs_none
             assert p.stop() == 0, p.log()
             assert not re.search(r"Traceback|SchemaError|ERROR", p.log()), p.log()
 
-        # every job ran to ok at the first attempt: none failed, none was a zombie
+        # every job ran to ok at the first attempt: none failed, none was a zombie (but for
+        # the known window of pj0010's step, below)
         with engine.connect() as conn:
             jobs = conn.execute(text(
                 "SELECT id, parent_id, workflow, args, status::text AS status, results, "
                 "failed_attempts, error FROM postjob.postjobs ORDER BY id")).mappings().all()
         assert len(jobs) == expected_jobs
-        bad = [dict(j) for j in jobs if (j["status"], j["failed_attempts"], j["error"]) != ("ok", 0, None)]
-        assert bad == []
+        logs = "\n".join(p.log() for p in old)
+        bad = [dict(j) for j in jobs if (j["status"], j["failed_attempts"], j["error"]) != ("ok", 0, None)
+               and not _spent_in_pj0010_window(j, released_revision, logs)]
+        assert bad == [], "\n".join([repr(bad)] + [  # with what the workers said of them
+            line for p in old + new for line in p.log().splitlines()
+            if any(f"job {b['id']} " in line for b in bad)])
+        spent = sum(1 for j in jobs if j["failed_attempts"])
 
         # and each body ran exactly once (a parent re-runs when its child is done: at most twice,
         # finding the same child)
@@ -293,7 +323,8 @@ def test_migrating_under_workers_of_the_released_code_loses_no_job_and_runs_none
         assert all(by_phase), by_phase
         report(f"rolling upgrade {released_revision} -> {head_revision()} and back: {len(jobs)} jobs, "
                f"released workers ran {by_phase[0]} before and {by_phase[1]} after the migration, "
-               f"new workers {by_phase[2]}; none lost, none twice")
+               f"new workers {by_phase[2]}; none lost, none twice; attempts spent in pj0010's "
+               f"window: {spent}")
     finally:
         engine.dispose()
 
