@@ -54,7 +54,8 @@ def test_sleeping_jobs_hold_no_worker_and_wake_on_time_once(
             "SELECT job_id, count(*) FILTER (WHERE what = 'after'), "
             "count(*) FILTER (WHERE what = 'charge') FROM rel_runs GROUP BY job_id")).all()
     assert sorted(per_job) == [(j, 1, 1) for j in sorted(ids)]  # woke once, charged once
-    assert 0 <= float(late[1]) and float(late[0]) < 1.5, late
+    # on time: never before, and within seconds (a loaded machine; the idle wait is 30 s)
+    assert 0 <= float(late[1]) and float(late[0]) < 5.0, late
     report(f"durable sleep: 40 jobs slept 3 s on 4 workers with no lease held; woke "
            f"{float(late[1]) * 1000:.0f} to {float(late[0]) * 1000:.0f} ms after their time, once each")
 
