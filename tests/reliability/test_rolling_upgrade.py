@@ -20,10 +20,9 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from sqlalchemy import URL, Engine, create_engine, text
+from sqlalchemy import URL, Engine, RowMapping, create_engine, text
 
 import postjob_sa
 from postjob_sa._migrations import head_revision
@@ -111,9 +110,9 @@ SPAWN_IN_PJ0010_WINDOW = ("InvalidColumnReference: there is no unique or exclusi
                           "matching the ON CONFLICT specification")
 
 
-def _spent_in_pj0010_window(job: Any, released_revision: str, logs: str) -> bool:
+def _spent_in_pj0010_window(job: RowMapping, released_revision: str, logs: str) -> bool:
     """Whether ``job`` spent one attempt in the known window of pj0010's step, and nothing else
-    went wrong with it (docs/operations.md, "Upgrading from 0.1.0 under load").
+    went wrong with it (docs/operations.md, "One known window, upgrading from 0.1.0").
 
     A worker whose calls run pj0009's function bodies (a release older than pj0010: pj0009's
     steps commit before pj0010's) spawns children with an ``INSERT ... ON CONFLICT`` on the
@@ -279,7 +278,7 @@ def test_migrating_under_workers_of_the_released_code_loses_no_job_and_runs_none
             assert not re.search(r"Traceback|SchemaError|ERROR", p.log()), p.log()
 
         # every job ran to ok at the first attempt: none failed, none was a zombie (but for
-        # the known window of pj0010's step, below)
+        # the known window of pj0010's step: _spent_in_pj0010_window)
         with engine.connect() as conn:
             jobs = conn.execute(text(
                 "SELECT id, parent_id, workflow, args, status::text AS status, results, "
