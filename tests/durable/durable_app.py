@@ -138,6 +138,36 @@ def nap(seconds: float, pause: float = 0) -> str:
     return "woke"
 
 
+def _wait_for_go(timeout: float = 60.0) -> None:
+    """Block until the test records 'go' for the running job in rel_runs (the test's gate)."""
+    driver: Any = importlib.import_module(os.environ.get("POSTJOB_TEST_DRIVER") or "psycopg")
+    conn = driver.connect(os.environ["REL_APP_URL"])
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            with conn.cursor() as cur:
+                cur.execute("SELECT 1 FROM rel_runs WHERE job_id = %s AND what = 'go'",
+                            (postjob_sa.current_job().id,))
+                found = cur.fetchone() is not None
+            conn.rollback()
+            if found:
+                return
+            time.sleep(0.02)
+        raise RuntimeError("the test never said go")
+    finally:
+        conn.close()
+
+
+@postjob_sa.workflow(name="dur.nap_gated")
+def nap_gated(seconds: float) -> str:
+    """dur.nap, but between its step and its sleep it waits for the test's 'go'."""
+    postjob_sa.step("before", _charge, 1)
+    _wait_for_go()
+    postjob_sa.sleep(seconds)
+    record("after")
+    return "woke"
+
+
 @postjob_sa.workflow(name="dur.nap_async")
 async def nap_async(seconds: float) -> str:
     await postjob_sa.sleep_async(seconds)

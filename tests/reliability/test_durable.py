@@ -93,12 +93,15 @@ def test_a_worker_killed_while_its_sleep_is_recorded_loses_nothing(
     procs = [workers(db_url, *ARGS) for _ in range(2)]
     wait_listening(engine, 2, procs)
     with Session(engine) as s:
-        job_id = JobQueue(s).enqueue("dur.nap", 6.0, 1.0).id  # pauses 1 s before its sleep
+        job_id = JobQueue(s).enqueue("dur.nap_gated", 6.0).id  # waits for our go to sleep
         s.commit()
     wait_for(lambda: _count(engine, "charge", job_id), 10, "the run started")
     with engine.connect() as holder:
         holder.execute(text("SELECT 1 FROM postjob.unfinished WHERE job_id = :j FOR SHARE"),
                        {"j": job_id})
+        with engine.begin() as gate:  # the lock is ours: now let the run go on to its sleep
+            gate.execute(text("INSERT INTO rel_runs (job_id, pid, what) VALUES (:j, 0, 'go')"),
+                         {"j": job_id})
         wait_for(lambda: scalar(engine, "SELECT count(*) FROM postjob.steps WHERE job_id = :j "
                                 "AND kind = 'sleep'", j=job_id), 10, "the sleep stored")
         blocked = wait_for(lambda: scalar(
