@@ -74,16 +74,35 @@ $$;
 -- wait (SHARE ROW EXCLUSIVE; its reads go on) from the lock to the commit: the enqueues under
 -- way have committed, so the move sees every job the attach checks, and none routes a job by
 -- the ranges as they were before the attach (PostgreSQL would refuse it in the default
--- partition once the range is there). Open ranges keep half their pages free, so that a
+-- partition once the range is there). The default is taken without waiting: its reader (a
+-- transaction that read the record, a range at a time as every read does) may go on to write
+-- the record, which waits for this lock, so a wait here would be a deadlock. When it is
+-- read, the record is let go (the subtransaction undone) and both are tried again, 5 s at
+-- most (then lock_not_available: busy). Open ranges keep half their pages free, so that a
 -- job's updates stay on its page (HOT).
 CREATE OR REPLACE FUNCTION postjob._history_add_range(p_from bigint, p_to bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
   v_name text := 'postjobs_from_' || p_from;
   v_moved bigint;
+  v_until timestamptz := clock_timestamp() + interval '5 s';
+  v_lock_timeout text := current_setting('lock_timeout');
 BEGIN
-  LOCK TABLE ONLY postjob.postjobs IN SHARE ROW EXCLUSIVE MODE;
-  LOCK TABLE postjob.postjobs_default IN ACCESS EXCLUSIVE MODE;
+  LOOP
+    BEGIN
+      PERFORM set_config('lock_timeout', GREATEST(1, (EXTRACT(EPOCH FROM
+        v_until - clock_timestamp()) * 1000)::bigint)::text, true);
+      LOCK TABLE ONLY postjob.postjobs IN SHARE ROW EXCLUSIVE MODE;
+      LOCK TABLE postjob.postjobs_default IN ACCESS EXCLUSIVE MODE NOWAIT;
+      EXIT;
+    EXCEPTION WHEN lock_not_available THEN
+      IF clock_timestamp() >= v_until THEN
+        RAISE;
+      END IF;
+    END;
+    PERFORM pg_sleep(0.05);
+  END LOOP;
+  PERFORM set_config('lock_timeout', v_lock_timeout, true);
   EXECUTE format('CREATE TABLE postjob.%I (LIKE postjob.postjobs INCLUDING DEFAULTS '
                  'INCLUDING CONSTRAINTS) WITH (fillfactor = 50, '
                  'autovacuum_vacuum_scale_factor = 0.02, '

@@ -36,7 +36,9 @@
 -- table before its partitions: the record alone (LOCK TABLE ONLY postjob.postjobs; ACCESS
 -- EXCLUSIVE to narrow, drop or compact ranges, SHARE ROW EXCLUSIVE to create one: writes
 -- wait, reads go on), then the default partition, then a range; and it decides what to do
--- with a range only once those are granted.
+-- with a range only once those are granted. Under SHARE ROW EXCLUSIVE it takes the default
+-- partition with NOWAIT: a reader holds it and may go on to write the record, so it lets
+-- the record go (its subtransaction undone) and tries both again, 5 s at most.
 -- The one order a function cannot always keep is a tree that grows while it is cancelled or
 -- reset (a descendant spawned meanwhile has a later id than rows already locked): those
 -- functions try again when PostgreSQL reports a deadlock, so none reaches a caller.

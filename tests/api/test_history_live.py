@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 from postjob_sa import Job, JobQueue, RotationReport
@@ -28,6 +28,10 @@ ORPHANS = text("SELECT count(*) FROM postjob.unfinished u "
 ROTATION_WAITS = text(
     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
     "AND query LIKE '%rotate_history%' AND pid <> pg_backend_pid()")
+
+ROTATION_WAITS_OR_TRIES = text(  # for a lock, or between two tries of one
+    "SELECT count(*) FROM pg_stat_activity WHERE (wait_event_type = 'Lock' "
+    "OR wait_event = 'PgSleep') AND query LIKE '%rotate_history%' AND pid <> pg_backend_pid()")
 
 
 def _settle_old(engine: Engine) -> None:
@@ -148,6 +152,39 @@ def test_compaction_and_an_app_that_read_the_record_then_resets_do_not_deadlock(
         assert JobQueue(s, registry=reg, fast_mode=True).drain() == 2
     report = _rotate(fresh)
     assert report.compacted == ["postjobs_from_1000000"]  # settled again
+
+
+def test_an_app_that_read_a_job_then_enqueues_while_a_range_is_created_does_not_deadlock(
+        fresh: Engine) -> None:  # noqa: F811
+    """Round 5: the creation of a range held the record (SHARE ROW EXCLUSIVE: reads go on)
+    and waited for the default partition, which an app's transaction held (it had read a
+    job); that transaction's enqueue then waited for the record: a deadlock, and PostgreSQL
+    chose the enqueue (the app got DeadlockDetected) or the rotation (``busy``)."""
+    with Session(fresh) as s:
+        JobQueue(s, registry=reg).enqueue(work, 1)
+        s.commit()
+    with fresh.connect() as conn:
+        deadlock_timeout = conn.execute(text(
+            "SELECT setting::float / 1000 FROM pg_settings WHERE name = 'deadlock_timeout'"
+        )).scalar_one()
+    with Session(fresh) as app:
+        # the app's transaction lists its jobs: the record read, every range of it locked
+        assert app.scalars(select(Job).where(Job.workflow == "hist.work")).all() != []
+        rotation = Rotation(fresh)
+        rotation.start()  # a fresh record: it creates [1,000,000, 2,000,000)
+        _wait_for(fresh, lambda c: c.execute(ROTATION_WAITS_OR_TRIES).scalar() > 0)
+        time.sleep(deadlock_timeout + 0.5)  # its check for a deadlock is past: ours comes
+        new_id = JobQueue(app, registry=reg).enqueue(work, 2).id
+        app.commit()
+    rotation.join(60)
+    assert not rotation.is_alive()
+    assert rotation.error is None, rotation.error
+    assert rotation.report is not None
+    assert rotation.report.waited == [], rotation.report.waited
+    assert rotation.report.created == ["postjobs_from_1000000"]
+    with Session(fresh) as s:
+        assert s.get(Job, new_id) is not None
+        assert JobQueue(s, registry=reg, fast_mode=True).drain() == 2
 
 
 class Traffic:
