@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 import time
 from typing import Any
 
@@ -240,9 +241,15 @@ def killed_step(seconds: float) -> str:
     return f"{first} {postjob_sa.step('slow', slow)}"
 
 
-@postjob_sa.workflow(name="dur.waiter_paused")
-def waiter_paused(key: str, pause: float) -> Any:
-    time.sleep(pause)
+#: Opened by an in-process test (a worker thread of its own runs dur.waiter_gated).
+WAITER_GATE = threading.Event()
+
+
+@postjob_sa.workflow(name="dur.waiter_gated")
+def waiter_gated(key: str) -> Any:
+    """Waits for the event once the test opens WAITER_GATE (it holds a lock by then)."""
+    if not WAITER_GATE.wait(60):
+        raise RuntimeError("the test never opened the gate")
     return postjob_sa.wait_for_event(key)
 
 

@@ -215,7 +215,8 @@ def test_an_emit_while_the_waiters_sleep_is_being_recorded_wakes_it(side: Engine
     """The waiter has recorded its wait and its sleep outcome is on its way (held back by a
     share lock of the test's on its row) when the emit comes: the emit waits for that sleep
     to be recorded, then finds its waiting row and makes it due."""
-    job_id = enqueue(side, durable_app.waiter_paused, "racing", 0.5)
+    durable_app.WAITER_GATE.clear()
+    job_id = enqueue(side, durable_app.waiter_gated, "racing")
 
     def count(sql: str) -> int:  # a transaction per look (activity is read once per one)
         with side.connect() as conn:
@@ -228,6 +229,7 @@ def test_an_emit_while_the_waiters_sleep_is_being_recorded_wakes_it(side: Engine
         with side.connect() as holder:
             holder.execute(text("SELECT 1 FROM postjob.unfinished WHERE job_id = :j FOR SHARE"),
                            {"j": job_id})
+            durable_app.WAITER_GATE.set()  # the lock is ours: now the run may wait and sleep
             wait_until(lambda: count("SELECT count(*) FROM postjob.event_waits WHERE job_id = :j"),
                        10, "the wait recorded")
             wait_until(lambda: count(locks) == 1, 10, "the sleep outcome waits for the lock")
