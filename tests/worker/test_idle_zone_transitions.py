@@ -16,7 +16,10 @@ from sqlalchemy.orm import Session
 
 import postjob_sa
 from postjob_sa import JobQueue, Registry
-from tests.worker.test_worker_edges import _transactions
+from tests.worker.test_worker_edges import (
+    _transactions,
+    _transactions_once_earlier_ones_are_counted,
+)
 
 reg = Registry()
 
@@ -57,8 +60,7 @@ CASES = {
 
 
 def test_idle_workers_stay_idle_through_zone_transitions(engine: Engine, clean: None) -> None:
-    time.sleep(1.2)  # statistics: let earlier activity be counted before we start
-    before = _transactions(engine)
+    before = _transactions_once_earlier_ones_are_counted(engine)
     workers = []
     for name, start in CASES.items():
         with Session(engine) as s:
