@@ -187,6 +187,22 @@ def test_an_app_that_read_a_job_then_enqueues_while_a_range_is_created_does_not_
         assert JobQueue(s, registry=reg, fast_mode=True).drain() == 2
 
 
+def test_a_range_a_long_reader_keeps_from_being_created_is_busy_after_5_s(
+        fresh: Engine) -> None:  # noqa: F811
+    """The creation tries again while a reader holds the default partition, 5 s at most: then
+    ``busy`` in the report (not a wait that never ends), and the next rotation creates it."""
+    with fresh.connect() as reader:
+        assert reader.execute(select(Job.id)).all() == []  # holds every range till it ends
+        started = time.monotonic()
+        report = _rotate(fresh)
+        took = time.monotonic() - started
+        reader.rollback()
+    assert report.busy and report.created == [], report
+    assert [name for name, _ in report.waited] == ["postjobs_from_1000000"], report.waited
+    assert 5.0 <= took < 10.0, took
+    assert _rotate(fresh).created == ["postjobs_from_1000000"]
+
+
 class Traffic:
     """Producers that enqueue (each its own connection) and runners that run jobs, until
     stopped; the ids enqueued and the errors met."""
